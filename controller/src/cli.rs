@@ -233,6 +233,14 @@ pub struct RunArgs {
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
+    /// Seconds, at least, between reads of a tunnel's ingress document back from the
+    /// Cloudflare API; one changed there (the dashboard, another tool) is written again.
+    #[arg(
+        long,
+        default_value_t = crate::runtime::DEFAULT_TUNNEL_READ_BACK.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub tunnel_read_back_seconds: u64,
     /// Seconds a Kubernetes API call may wait for its whole response (a watch: for its response
     /// head) before it fails like any other failed call (1 to 3600).
     #[arg(
@@ -362,6 +370,7 @@ impl RunArgs {
             })?,
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
+            tunnel_read_back: std::time::Duration::from_secs(self.tunnel_read_back_seconds),
             instance: std::env::var("POD_NAME").ok(),
             lease: self.leader_election.then(|| LeaseOptions {
                 namespace: self.controller_namespace.clone(),

@@ -6,6 +6,11 @@
 //! tunnel's public hostnames) and sends them to the proxy's own data port, which is where a
 //! `cloudflared` beside the proxy would deliver them. Several data planes on one tunnel get one
 //! document, the union of their hostnames.
+//!
+//! A document edited elsewhere (the dashboard's public hostnames, another tool writing the
+//! tunnel's configuration) routes the edge by itself until the controller's own next changes.
+//! So each tunnel's document is read back now and then ([`TunnelSync::reading_back`]), and
+//! written again when it no longer carries what was written.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -27,6 +32,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
+use crate::alarm::Alarm;
 use crate::held::Held;
 use crate::in_flight::{Finished, InFlight};
 
@@ -66,18 +72,41 @@ impl Carried {
         carried
     }
 
-    /// What an ingress document as [`Carried::document`] writes it carries.
+    /// What an ingress document as [`Carried::document`] writes it carries. A hostname is
+    /// carried by a rule that sends all of it to the proxies: one edited elsewhere to another
+    /// service, or to some paths only, is not.
     fn of_document(document: &Value) -> Self {
         let mut carried = Self::default();
         for entry in document["ingress"].as_array().into_iter().flatten() {
+            let to_proxies = entry["service"] == ORIGIN && entry.get("path").is_none();
             match entry.get("hostname").and_then(Value::as_str) {
-                Some(hostname) => {
+                Some(hostname) if to_proxies => {
                     carried.hostnames.insert(hostname.to_owned());
                 }
-                None => carried.any_host |= entry["service"] == ORIGIN,
+                Some(_) => {}
+                None => carried.any_host |= to_proxies,
             }
         }
         carried
+    }
+
+    /// How `found`, read back from a tunnel, differs from `self`, what was written to it;
+    /// `None` when it carries the same.
+    fn drift(&self, found: &Self) -> Option<Drift> {
+        let drift = Drift {
+            missing: self
+                .hostnames
+                .difference(&found.hostnames)
+                .cloned()
+                .collect(),
+            unexpected: found
+                .hostnames
+                .difference(&self.hostnames)
+                .cloned()
+                .collect(),
+            catch_all: (self.any_host != found.any_host).then_some(found.any_host),
+        };
+        (drift != Drift::default()).then_some(drift)
     }
 
     /// Whether a rule with `hostnames` is sent to the proxies by this document.
@@ -98,6 +127,34 @@ impl Carried {
         ingress.push(json!({"service": if self.any_host { ORIGIN } else { "http_status:404" }}));
         json!({ "ingress": ingress })
     }
+}
+
+/// How a tunnel's document, read back, differs from what the controller wrote to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Drift {
+    /// Hostnames written that it no longer sends to the proxies.
+    missing: Vec<String>,
+    /// Hostnames it sends to the proxies that were not written.
+    unexpected: Vec<String>,
+    /// When the catch-all changed: whether it now sends every other hostname to the proxies.
+    catch_all: Option<bool>,
+}
+
+/// Hostnames named in a log line, at most this many of each kind.
+const LOGGED_HOSTNAMES: usize = 10;
+
+/// `hostnames` for a log line: the first [`LOGGED_HOSTNAMES`], and how many more.
+fn listed(hostnames: &[String]) -> String {
+    let mut out = hostnames
+        .iter()
+        .take(LOGGED_HOSTNAMES)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if hostnames.len() > LOGGED_HOSTNAMES {
+        out.push_str(&format!(" and {} more", hostnames.len() - LOGGED_HOSTNAMES));
+    }
+    out
 }
 
 /// A failed API call: why, and whether the API may have carried it out all the same (no
@@ -169,11 +226,13 @@ pub struct TunnelTarget {
 
 /// Counts of the calls made to the Cloudflare API, for `/metrics`: by call and by the HTTP
 /// status answered (`unreachable` or `timeout` when there was no answer; `rate_limited` for
-/// calls not sent while a 429's `Retry-After` runs).
+/// calls not sent while a 429's `Retry-After` runs). And of the tunnel documents read back
+/// changed by someone else ([`TunnelSync::reading_back`]).
 #[derive(Clone, Default)]
 pub struct ApiCalls {
     requests: Family<CallLabels, Counter>,
     errors: Family<CallLabels, Counter>,
+    drifts: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -183,7 +242,8 @@ struct CallLabels {
 }
 
 impl ApiCalls {
-    /// Registers the counters (`cloudflare_api_requests`, `cloudflare_api_errors`).
+    /// Registers the counters (`cloudflare_api_requests`, `cloudflare_api_errors`,
+    /// `cloudflare_tunnel_document_drifts`).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "cloudflare_api_requests",
@@ -195,6 +255,13 @@ impl ApiCalls {
             "Cloudflare API calls that failed, by call and HTTP status (unreachable, timeout, \
              rate_limited: not sent while a 429 lasts)",
             self.errors.clone(),
+        );
+        registry.register(
+            "cloudflare_tunnel_document_drifts",
+            "Tunnel ingress documents read back from the Cloudflare API that no longer carry \
+             what the controller wrote (edited in the dashboard or by another tool); each is \
+             written again",
+            self.drifts.clone(),
         );
     }
 
@@ -398,6 +465,27 @@ impl TunnelApi {
             )
             .await?;
         Ok(envelope["result"]["version"].as_i64().unwrap_or(0))
+    }
+
+    /// The tunnel's configuration as the API holds it (`GET .../configurations`): its ingress
+    /// document, whoever wrote it last; `null` when the answer holds none.
+    ///
+    /// # Errors
+    /// As [`TunnelApi::put_configuration`].
+    pub async fn get_configuration(&self, target: &TunnelTarget) -> Result<Value, String> {
+        let uri = self.tunnel_uri(target, "configurations")?;
+        let mut envelope = self
+            .call(
+                "get_configuration",
+                hyper::Method::GET,
+                "/accounts/{account_id}/cfd_tunnel/{tunnel_id}/configurations",
+                &uri,
+                target,
+                Bytes::new(),
+            )
+            .await
+            .map_err(String::from)?;
+        Ok(envelope["result"]["config"].take())
     }
 
     /// One API call (`route`: its path with the ids left as names), traced as a client span;
@@ -629,6 +717,7 @@ async fn write(
 /// Each write runs as a task of its own ([`InFlight`]), and a call waits for the writes it
 /// starts at most as long as it is told ([`TunnelSync::waiting_at_most`]): an API that never
 /// answers (egress to it blackholed) holds up no round, and so no push, for its timeout.
+/// Reads back ([`TunnelSync::reading_back`]) run the same way.
 pub struct TunnelSync {
     /// Per tunnel and writer (account, token, claimed secret): the last document written. A
     /// second writer naming the same tunnel (a forged or stale token) cannot erase the first's.
@@ -647,6 +736,61 @@ pub struct TunnelSync {
     writes: InFlight<WriterKey, Wrote>,
     /// How long a call waits for the writes it starts; `None`: until they finish.
     wait: Option<Duration>,
+    /// When each tunnel's document is next read back; `None`: never
+    /// ([`TunnelSync::reading_back`]).
+    read_back: Option<ReadBackClock>,
+    /// The reads back running, by tunnel.
+    read_backs: InFlight<Uuid, ReadBack>,
+    /// The wake calls are told of ([`TunnelSync::waiting_at_most`]).
+    wake: Option<Arc<Notify>>,
+    /// Tells the wake as the next read back falls due.
+    alarm: Option<Alarm>,
+}
+
+/// A tunnel's document read back, in the task that read it: the writer and what the document
+/// it wrote carries (the document's digest is the task's), and what the tunnel carries now, or
+/// why that could not be read.
+type ReadBack = (WriterKey, Carried, Result<Carried, String>);
+
+/// Tunnel documents read back at once: a check that can wait, and each read spends the API
+/// token's rate limit, which writes share.
+const CONCURRENT_READ_BACKS: usize = 2;
+
+/// When each tunnel's document is next read back: a period after it was last written or a
+/// read of it started. No clock here: the caller says when it is.
+#[derive(Debug)]
+struct ReadBackClock {
+    period: Duration,
+    /// Per tunnel: when its document was last written, or a read back of it started.
+    last: HashMap<Uuid, Instant>,
+}
+
+impl ReadBackClock {
+    fn new(period: Duration) -> Self {
+        Self {
+            period,
+            last: HashMap::new(),
+        }
+    }
+
+    /// The tunnel's document was written, or a read back of it started, at `now`.
+    fn reset(&mut self, tunnel: Uuid, now: Instant) {
+        self.last.insert(tunnel, now);
+    }
+
+    /// Whether the tunnel's document is due to be read back at `now`: one this clock has not
+    /// seen written nor read is.
+    fn due(&self, tunnel: &Uuid, now: Instant) -> bool {
+        self.last
+            .get(tunnel)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= self.period)
+    }
+
+    /// When the tunnel's document falls due, if this clock has seen it (and the instant can
+    /// be told).
+    fn next(&self, tunnel: &Uuid) -> Option<Instant> {
+        self.last.get(tunnel)?.checked_add(self.period)
+    }
 }
 
 /// A tunnel and who writes its document (a digest of account, API token and claimed secret).
@@ -707,6 +851,10 @@ impl TunnelSync {
             failed: Held::new(first, max),
             writes: InFlight::new(CONCURRENT_WRITES, Arc::new(Notify::new())),
             wait: None,
+            read_back: None,
+            read_backs: InFlight::new(CONCURRENT_READ_BACKS, Arc::new(Notify::new())),
+            wake: None,
+            alarm: None,
         }
     }
 
@@ -717,10 +865,28 @@ impl TunnelSync {
     pub fn waiting_at_most(self, wait: Duration, wake: Arc<Notify>) -> Self {
         Self {
             failed: self.failed.waking(Arc::clone(&wake)),
-            writes: InFlight::new(CONCURRENT_WRITES, wake),
+            writes: InFlight::new(CONCURRENT_WRITES, Arc::clone(&wake)),
+            read_backs: InFlight::new(CONCURRENT_READ_BACKS, Arc::clone(&wake)),
+            wake: Some(wake),
             wait: Some(wait),
             ..self
         }
+    }
+
+    /// Reads each tunnel's document back at most once every `period` after it was written,
+    /// in the background, a couple at a time, through the caller's (paced) client; a call
+    /// waits for none. One that no longer carries what was written (edited in the dashboard,
+    /// written by another tool) is logged, counted (`cloudflare_tunnel_document_drifts`) and
+    /// written again by the next call; its end, like any read's, wakes the caller
+    /// ([`TunnelSync::waiting_at_most`]), as does the next read falling due. A read that
+    /// fails is tried at the next period: it reaches no call's results.
+    ///
+    /// Only tunnels with one writer in a call are read: two writers of one tunnel would each
+    /// find the other's document and write theirs again at every period.
+    #[must_use]
+    pub fn reading_back(mut self, period: Duration) -> Self {
+        self.read_back = Some(ReadBackClock::new(period));
+        self
     }
 
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
@@ -764,6 +930,8 @@ impl TunnelSync {
         let deadline = self.wait.map(|wait| Instant::now() + wait);
         let done = self.writes.finished();
         let mut wrote = self.settle(done);
+        let read = self.read_backs.finished();
+        self.settle_read_backs(&api.calls, read);
         let asked: Vec<(TunnelTarget, Value, WriterKey, Vec<u8>)> = work
             .into_iter()
             .map(|(target, document)| {
@@ -829,6 +997,8 @@ impl TunnelSync {
                     }
                 }
                 .instrument(tracing::Span::current());
+                // What a read running finds may predate this write.
+                self.read_backs.abort(&key.0);
                 self.writes.start(key.clone(), digest.clone(), write);
                 started.push(key.clone());
                 *sent = true;
@@ -852,6 +1022,7 @@ impl TunnelSync {
                 break;
             }
         }
+        self.start_read_backs(api, &asked, &per_tunnel);
         asked
             .into_iter()
             .map(|(_, _, key, digest)| {
@@ -887,6 +1058,9 @@ impl TunnelSync {
                         self.verified.insert(key.clone(), v);
                     }
                     self.landed.insert(key.0, Carried::of_document(&document));
+                    if let Some(clock) = &mut self.read_back {
+                        clock.reset(key.0, Instant::now());
+                    }
                     self.written.insert(key.clone(), digest.clone());
                     wrote.insert((key, digest));
                 }
@@ -906,6 +1080,107 @@ impl TunnelSync {
         wrote
     }
 
+    /// Starts reading back the documents of `asked` due, as many as there is room for, and
+    /// sets the alarm for the next to fall due. `asked` as in [`TunnelSync::sync_all`],
+    /// `per_tunnel` the writers it names for each tunnel.
+    fn start_read_backs(
+        &mut self,
+        api: &TunnelApi,
+        asked: &[(TunnelTarget, Value, WriterKey, Vec<u8>)],
+        per_tunnel: &HashMap<Uuid, usize>,
+    ) {
+        let Some(clock) = &mut self.read_back else {
+            return;
+        };
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for (target, document, key, digest) in asked {
+            // A document not written yet, or being written, is not read: the write's end
+            // brings the next call.
+            let readable = per_tunnel.get(&target.tunnel) == Some(&1)
+                && self.written.get(key) == Some(digest)
+                && self.read_backs.running(&target.tunnel).is_none()
+                && !self.writes.running_keys().any(|(t, _)| *t == target.tunnel);
+            if !readable {
+                continue;
+            }
+            if !clock.due(&target.tunnel, now) {
+                if let Some(at) = clock.next(&target.tunnel) {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+                continue;
+            }
+            // Due and no room: a read running frees one as it ends, and its end wakes.
+            if self.read_backs.is_full() {
+                continue;
+            }
+            clock.reset(target.tunnel, now);
+            let api = api.clone();
+            let target = target.clone();
+            let writer = key.clone();
+            let written = Carried::of_document(document);
+            let read = async move {
+                let found = api
+                    .get_configuration(&target)
+                    .await
+                    .map(|config| Carried::of_document(&config));
+                (writer, written, found)
+            }
+            .instrument(tracing::Span::current());
+            self.read_backs.start(key.0, digest.clone(), read);
+        }
+        let kept = self
+            .alarm
+            .as_ref()
+            .is_some_and(|alarm| Some(alarm.when()) == next);
+        if !kept {
+            self.alarm = next
+                .zip(self.wake.as_ref())
+                .and_then(|(at, wake)| Alarm::at(at, wake));
+        }
+    }
+
+    /// Takes in finished reads back: a document that no longer carries what was written is
+    /// written again by this call.
+    fn settle_read_backs(&mut self, calls: &ApiCalls, done: Vec<Finished<Uuid, ReadBack>>) {
+        for (tunnel, digest, outcome) in done {
+            // A read that panicked tells nothing; the next period reads again.
+            let Some((key, written, found)) = outcome else {
+                continue;
+            };
+            // Written again since, or forgotten: the read compared another document.
+            if self.written.get(&key) != Some(&digest) {
+                continue;
+            }
+            let found = match found {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::debug!(%tunnel, %error, "reading the tunnel's ingress document back failed; it is read again at the next period");
+                    continue;
+                }
+            };
+            let Some(drift) = written.drift(&found) else {
+                continue;
+            };
+            let catch_all = match drift.catch_all {
+                None => "unchanged",
+                Some(true) => "now sends every other hostname to the proxies",
+                Some(false) => "no longer sends every other hostname to the proxies",
+            };
+            tracing::warn!(
+                %tunnel,
+                missing = %listed(&drift.missing),
+                unexpected = %listed(&drift.unexpected),
+                catch_all,
+                "the tunnel's ingress document was changed outside the controller; writing it again"
+            );
+            calls.drifts.inc();
+            self.written.remove(&key);
+            // What the tunnel serves until the write lands.
+            self.landed.insert(tunnel, found);
+        }
+    }
+
     /// What the document this process last wrote to `tunnel` carries, whoever wrote it and
     /// whichever call it finished in: what the tunnel serves while newer documents fail.
     /// `None` before the first write that succeeded.
@@ -913,16 +1188,20 @@ impl TunnelSync {
         self.landed.get(tunnel)
     }
 
-    /// Stops every write running; each is tried again by the next call that asks for it.
+    /// Stops every write running, each tried again by the next call that asks for it, and
+    /// every read back.
     pub fn abort_all(&mut self) {
         self.writes.abort_all();
+        self.read_backs.abort_all();
+        self.alarm = None;
     }
 
     /// Keeps the records of the writers asked for now (`writers`) and forgets every other's,
     /// old credentials included (each rotated token would leave one behind): a writer that
     /// comes back writes again, whatever was done to its tunnel meanwhile. Keeps what landed
-    /// on the tunnels a plane still serves (`served`). A write still running ends by itself:
-    /// stopped, its request could still land after a later write to the tunnel.
+    /// on the tunnels a plane still serves (`served`), and their reads back; the others'
+    /// stop. A write still running ends by itself: stopped, its request could still land
+    /// after a later write to the tunnel.
     pub fn retain<'t>(
         &mut self,
         writers: impl IntoIterator<Item = &'t TunnelTarget>,
@@ -930,6 +1209,10 @@ impl TunnelSync {
     ) {
         let asked: HashSet<WriterKey> = writers.into_iter().map(writer_key).collect();
         self.landed.retain(|t, _| served(t));
+        self.read_backs.retain(|t| served(t));
+        if let Some(clock) = &mut self.read_back {
+            clock.last.retain(|t, _| served(t));
+        }
         self.written.retain(|key, _| asked.contains(key));
         self.verified.retain(|key, _| asked.contains(key));
         self.failed.retain(|key| asked.contains(key));
@@ -959,6 +1242,119 @@ mod tests {
             (0..3).map(|_| pace.take(b"a", later)).collect::<Vec<_>>(),
             [Ok(()), Ok(()), Ok(())]
         );
+    }
+
+    fn carried(hostnames: &[&str], any_host: bool) -> Carried {
+        Carried {
+            hostnames: hostnames.iter().map(|h| (*h).to_owned()).collect(),
+            any_host,
+        }
+    }
+
+    fn hosts(hostnames: &[&str]) -> Vec<String> {
+        hostnames.iter().map(|h| (*h).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_document_read_back_differs_by_what_it_sends_to_the_proxies() {
+        let written = carried(&["a.example.com", "b.example.com"], false);
+        let cases = [
+            (carried(&["a.example.com", "b.example.com"], false), None),
+            (
+                carried(&["a.example.com", "c.example.com"], false),
+                Some(Drift {
+                    missing: hosts(&["b.example.com"]),
+                    unexpected: hosts(&["c.example.com"]),
+                    catch_all: None,
+                }),
+            ),
+            (
+                carried(&["a.example.com", "b.example.com"], true),
+                Some(Drift {
+                    catch_all: Some(true),
+                    ..Drift::default()
+                }),
+            ),
+            (
+                carried(&[], false),
+                Some(Drift {
+                    missing: hosts(&["a.example.com", "b.example.com"]),
+                    ..Drift::default()
+                }),
+            ),
+        ];
+        for (found, drift) in cases {
+            assert_eq!(written.drift(&found), drift, "{found:?}");
+        }
+        assert_eq!(
+            carried(&[], true).drift(&carried(&[], false)),
+            Some(Drift {
+                catch_all: Some(false),
+                ..Drift::default()
+            })
+        );
+    }
+
+    #[test]
+    fn a_document_read_back_carries_only_hostnames_sent_whole_to_the_proxies() {
+        // As the API hands a document back: with fields of its own beside ours.
+        let found = json!({
+            "ingress": [
+                {"hostname": "a.example.com", "service": ORIGIN, "originRequest": {}},
+                {"hostname": "b.example.com", "service": "http://elsewhere:80"},
+                {"hostname": "c.example.com", "path": "/only", "service": ORIGIN},
+                {"service": "http_status:404"},
+            ],
+            "warp-routing": {"enabled": false},
+        });
+        assert_eq!(
+            Carried::of_document(&found),
+            carried(&["a.example.com"], false)
+        );
+        assert_eq!(
+            Carried::of_document(&json!({"ingress": [{"service": ORIGIN}]})),
+            carried(&[], true)
+        );
+        assert_eq!(Carried::of_document(&Value::Null), Carried::default());
+        // What the controller writes, it reads as written.
+        let written = carried(&["a.example.com", "*.example.org"], true);
+        assert_eq!(Carried::of_document(&written.document()), written);
+    }
+
+    #[test]
+    fn a_log_line_names_a_few_hostnames_and_counts_the_rest() {
+        assert_eq!(listed(&[]), "");
+        assert_eq!(listed(&hosts(&["a", "b"])), "a, b");
+        let many: Vec<String> = (0..13).map(|i| format!("h{i}")).collect();
+        assert_eq!(
+            listed(&many),
+            "h0, h1, h2, h3, h4, h5, h6, h7, h8, h9 and 3 more"
+        );
+    }
+
+    #[test]
+    fn a_tunnel_is_read_back_a_period_after_it_was_last_written_or_read() {
+        let s = Duration::from_secs;
+        let mut clock = ReadBackClock::new(s(300));
+        let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let t0 = Instant::now();
+        assert!(clock.due(&a, t0), "one never seen is due at once");
+        assert_eq!(clock.next(&a), None);
+        clock.reset(a, t0);
+        assert!(!clock.due(&a, t0));
+        assert!(!clock.due(&a, t0 + s(299)));
+        assert!(clock.due(&a, t0 + s(300)));
+        assert_eq!(clock.next(&a), Some(t0 + s(300)));
+        assert!(clock.due(&b, t0), "each tunnel has its own");
+        // Read (or written) again: a period from then.
+        clock.reset(a, t0 + s(310));
+        assert!(!clock.due(&a, t0 + s(600)));
+        assert!(clock.due(&a, t0 + s(610)));
+        // A period no instant can be told for never falls due.
+        let mut never = ReadBackClock::new(Duration::MAX);
+        never.reset(a, t0);
+        assert!(!never.due(&a, t0 + s(86_400)));
+        assert_eq!(never.next(&a), None);
     }
 
     fn rule(hosts: &[&str]) -> Rule {

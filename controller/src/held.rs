@@ -15,10 +15,10 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
+
+use crate::alarm::Alarm;
 
 /// The last failed write of each key, with the digest of what it wrote.
 pub struct Held<K> {
@@ -36,29 +36,6 @@ struct Failure {
     until: Instant,
     /// Tells the wake at `until`; stopped with the failure.
     _alarm: Option<Alarm>,
-}
-
-/// A task that tells a wake at an instant, aborted when dropped.
-struct Alarm(AbortHandle);
-
-impl Alarm {
-    /// `None` outside a tokio runtime: nothing could run the timer there, and nothing would
-    /// wait on the wake.
-    fn at(until: Instant, wake: &Arc<Notify>) -> Option<Self> {
-        let runtime = Handle::try_current().ok()?;
-        let wake = Arc::clone(wake);
-        let task = runtime.spawn(async move {
-            tokio::time::sleep_until(until).await;
-            wake.notify_one();
-        });
-        Some(Self(task.abort_handle()))
-    }
-}
-
-impl Drop for Alarm {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl<K: Eq + Hash> Held<K> {

@@ -14,6 +14,7 @@
 //! round; [`cli`] is the command line (`run`, `translate`,
 //! `render`, `crd`).
 
+mod alarm;
 pub mod cli;
 pub mod cloudflare;
 pub mod held;

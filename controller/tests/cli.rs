@@ -437,6 +437,20 @@ fn external_name_backends_come_from_the_flag_or_the_environment() {
     assert!(stderr.contains("--external-name-backends"), "{stderr}");
 }
 
+/// Tunnel documents are read back every five minutes unless the flag says otherwise; never
+/// continuously.
+#[test]
+fn the_tunnel_read_back_period_comes_from_its_flag() {
+    let period = |args: &[&str]| run_options(args).tunnel_read_back;
+    assert_eq!(period(&[]), std::time::Duration::from_secs(300));
+    assert_eq!(
+        period(&["--tunnel-read-back-seconds=60"]),
+        std::time::Duration::from_secs(60)
+    );
+    let err = run_error(&["--tunnel-read-back-seconds=0"]).expect("refused");
+    assert!(err.contains("--tunnel-read-back-seconds"), "{err}");
+}
+
 #[test]
 fn translate_dials_external_names_as_the_flag_says() {
     let dir = std::env::temp_dir().join(format!("cftunnel-external-name-{}", std::process::id()));

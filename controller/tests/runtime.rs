@@ -3184,6 +3184,91 @@ async fn a_broken_gateways_routes_join_its_tunnels_planes_once() {
     .expect("in time");
 }
 
+/// The tunnel's ingress document edited behind the controller's back (in the dashboard, with
+/// the account's token: `shop.example.com` dropped, `other.example.com` added) is written back
+/// within seconds by its read back (every 300 ms here), though nothing in the cluster changes
+/// and no resync is due (it is ten minutes); and nothing in the cluster is written meanwhile.
+#[tokio::test]
+async fn a_tunnel_document_edited_in_the_dashboard_is_written_back() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelTarget};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let edge = proxy_pod("s3cr3t").await;
+        let base = cloudflare.base();
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.cloudflare_api_base = base;
+                options.resync = Duration::from_secs(600);
+                options.tunnel_read_back = Duration::from_millis(300);
+            },
+        )
+        .await;
+        let want = json!({"ingress": [
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        let holds = |document: &Value| {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .map(|(_, d)| d)
+                .as_ref()
+                == Some(document)
+        };
+        eventually("the controller's document written", || {
+            holds(&want).then_some(())
+        })
+        .await;
+        shop_serves(&edge, 200).await;
+        settled(&t.api).await;
+        let rv = t.api.resource_version();
+
+        let dashboard = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let edited = json!({"ingress": [
+            {"hostname": "other.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        let tunnel = TunnelTarget {
+            account: "acct".to_owned(),
+            tunnel: uuid_of(TUNNEL_ID),
+            api_token: "cf-token-a".to_owned(),
+            verify_secret: None,
+        };
+        dashboard
+            .put_configuration(&tunnel, &edited)
+            .await
+            .expect("edited in the dashboard");
+        assert!(holds(&edited));
+        within(10, "the controller's document written back", || {
+            holds(&want).then_some(())
+        })
+        .await;
+        // Several read-back periods: it stays, and is not written again.
+        let writes = cloudflare.writes();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(holds(&want));
+        assert_eq!(cloudflare.writes(), writes, "written back once");
+        assert_eq!(
+            t.api.writes_since(rv),
+            Vec::<String>::new(),
+            "nothing written in the cluster"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Starts tenant-a's Gateway `edge` (its pod `edge`) and Gateway `internal` on the tunnel of
 /// connector token `token`, with API credentials Secret `credentials`, writing through the
 /// Cloudflare API at `cloudflare`.

@@ -223,6 +223,10 @@ pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
 pub const TUNNEL_DOCUMENT_WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
 /// The port name of the config API on rendered and shared proxy Services.
 const CONFIG_PORT_NAME: &str = "config";
+/// How often at most each tunnel's ingress document is read back, by default: a call per
+/// tunnel, so a hundred tunnels on one API token spend a twelfth of its rate limit (1,200
+/// calls per five minutes).
+pub const DEFAULT_TUNNEL_READ_BACK: Duration = Duration::from_secs(300);
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// An unchanged plane is applied again this often, besides whenever the watches show one of
@@ -287,6 +291,9 @@ pub struct RuntimeOptions {
     /// A round runs at least this often, changes or not (re-pushes to restarted pods), and
     /// sooner while a pod lacks its config (after as long as it has, from 1 s up to this).
     pub resync: Duration,
+    /// Each tunnel's ingress document is read back from Cloudflare at most this often once
+    /// written, and written again if it was changed there (the dashboard, another tool).
+    pub tunnel_read_back: Duration,
     pub push_timeout: Duration,
     /// Failed push rounds in a row before routes report it.
     pub sustained_after: u32,
@@ -323,6 +330,7 @@ impl Default for RuntimeOptions {
             render: RenderSettings::default(),
             shared: None,
             resync: Duration::from_secs(30),
+            tunnel_read_back: DEFAULT_TUNNEL_READ_BACK,
             push_timeout: Duration::from_secs(5),
             sustained_after: push::DEFAULT_SUSTAINED_AFTER,
             sustained_for: push::DEFAULT_SUSTAINED_FOR,
@@ -866,6 +874,7 @@ impl Reconciler {
         wake: Arc<Notify>,
     ) -> Self {
         let events = options.events;
+        let read_back = options.tunnel_read_back;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -913,7 +922,9 @@ impl Reconciler {
             read_back_at: HashMap::new(),
             read_backs: InFlight::new(READ_BACKS_AT_ONCE, Arc::clone(&wake)),
             tunnel_api,
-            tunnel_sync: TunnelSync::default().waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
+            tunnel_sync: TunnelSync::default()
+                .waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake))
+                .reading_back(read_back),
             tunnel_failures: HashMap::new(),
             tunnel_writing: HashSet::new(),
             unreached: HashMap::new(),

@@ -706,3 +706,171 @@ async fn a_failed_tunnel_write_wakes_the_loop_as_its_wait_ends() {
     .await
     .expect("in time");
 }
+
+/// Calls of `sync` as the run loop makes them: each once `wake` is told (within 5 s), until
+/// `done` holds after one. Returns each call's result.
+async fn calls_until(
+    sync: &mut cftunnel_controller::cloudflare::TunnelSync,
+    api: &cftunnel_controller::cloudflare::TunnelApi,
+    target: &cftunnel_controller::cloudflare::TunnelTarget,
+    document: &Value,
+    wake: &tokio::sync::Notify,
+    mut done: impl FnMut() -> bool,
+) -> Vec<Result<bool, String>> {
+    let mut results = Vec::new();
+    loop {
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("a wake comes");
+        results.push(sync.sync(api, target, document).await);
+        if done() {
+            return results;
+        }
+    }
+}
+
+/// The stand-in Cloudflare API, a client counted in `registry`, the controller's target on
+/// it, and the document it writes: `a.example.com` and `b.example.com`.
+async fn read_back_setup(
+    registry: &mut prometheus_client::registry::Registry,
+) -> (
+    cftunnel_testkit::cloudflare_api::CloudflareApi,
+    cftunnel_controller::cloudflare::TunnelApi,
+    cftunnel_controller::cloudflare::TunnelTarget,
+    Value,
+) {
+    use cftunnel_controller::cloudflare::{ApiCalls, TunnelApi, TunnelTarget};
+    let cloudflare = cftunnel_testkit::cloudflare_api::CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let calls = ApiCalls::default();
+    calls.register(registry);
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5))
+        .expect("client")
+        .counted(calls);
+    let target = TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: None,
+    };
+    let document = json!({"ingress": [
+        {"hostname": "a.example.com", "service": "http://localhost:8080"},
+        {"hostname": "b.example.com", "service": "http://localhost:8080"},
+        {"service": "http_status:404"},
+    ]});
+    (cloudflare, api, target, document)
+}
+
+/// A tunnel's document is read back once a period (300 ms here) after it was written: found
+/// unchanged, it is not written again. Changed behind the controller's back (in the
+/// dashboard, as the account's owner: `b.example.com` dropped, `c.example.com` added), the
+/// read's end wakes the loop, the next call writes the controller's document again, and the
+/// drift is counted.
+#[tokio::test]
+async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_millis(300);
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(period);
+        let writing = std::time::Instant::now();
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        let puts = cloudflare.put_events().len();
+        let writes = cloudflare.writes();
+        let requests = cloudflare.requests();
+
+        let results = calls_until(&mut sync, &api, &target, &document, &wake, || {
+            cloudflare.requests() >= requests + 2
+        })
+        .await;
+        assert!(results.iter().all(|r| *r == Ok(false)), "{results:?}");
+        assert_eq!(
+            cloudflare.put_events().len(),
+            puts,
+            "read back, not written"
+        );
+        assert!(
+            writing.elapsed() >= period * 2,
+            "read at most once a period"
+        );
+
+        let dashboard = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let edited = json!({"ingress": [
+            {"hostname": "a.example.com", "service": "http://localhost:8080"},
+            {"hostname": "c.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        dashboard
+            .put_configuration(&target, &edited)
+            .await
+            .expect("edited in the dashboard");
+        let results = calls_until(&mut sync, &api, &target, &document, &wake, || {
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d) == Some(document.clone())
+        })
+        .await;
+        assert_eq!(
+            results.last(),
+            Some(&Ok(true)),
+            "written again: {results:?}"
+        );
+        assert_eq!(cloudflare.writes(), writes + 2, "the edit and the write");
+        let b = ["b.example.com".to_owned()];
+        assert!(sync.landed(&target.tunnel).is_some_and(|l| l.carries(&b)));
+        let mut metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
+        assert!(
+            metrics.contains("cloudflare_tunnel_document_drifts_total 1\n"),
+            "{metrics}"
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+/// A read back that fails (the API answers 429) is left for the next period: the tunnel is
+/// not reported failing, nothing is written, and what it serves stays as written.
+#[tokio::test]
+async fn a_failed_tunnel_read_back_changes_nothing() {
+    use cftunnel_controller::cloudflare::TunnelSync;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(Duration::from_millis(300));
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        let puts = cloudflare.put_events().len();
+        let requests = cloudflare.requests();
+        // No wait asked for: the limit holds up no later call.
+        cloudflare.rate_limit_next(0);
+
+        // The refused read, then the next period's.
+        let results = calls_until(&mut sync, &api, &target, &document, &wake, || {
+            cloudflare.requests() >= requests + 2
+        })
+        .await;
+        assert!(results.iter().all(|r| *r == Ok(false)), "{results:?}");
+        assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
+        let b = ["b.example.com".to_owned()];
+        assert!(sync.landed(&target.tunnel).is_some_and(|l| l.carries(&b)));
+        let mut metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
+        assert!(
+            metrics.contains(
+                "cloudflare_api_errors_total{call=\"get_configuration\",status=\"429\"} 1\n"
+            ),
+            "the read was refused: {metrics}"
+        );
+        assert!(
+            metrics.contains("cloudflare_tunnel_document_drifts_total 0\n"),
+            "{metrics}"
+        );
+    })
+    .await
+    .expect("in time");
+}
