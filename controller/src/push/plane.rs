@@ -135,8 +135,10 @@ pub(super) async fn sync_plane(
         .costs
         .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     // A controller that has not pushed to the pods yet (it started, or took the lead) asks
-    // them what they serve; with no answer, it asks again next round.
+    // them what they serve, once a round; with no answer, it asks again next round.
+    let mut asked_served = false;
     if !over_budget.is_empty() && state.held.is_none() {
+        asked_served = true;
         let client = Client {
             token: &round.token,
             previous_token: state.previous_token.as_deref(),
@@ -185,7 +187,8 @@ pub(super) async fn sync_plane(
             .puts
             .iter()
             .any(|(_, put)| matches!(put, Put::TooLarge { .. }));
-        if too_large && state.accepted.is_empty() {
+        if too_large && state.accepted.is_empty() && !asked_served {
+            asked_served = true;
             if let Some(served) = newest_served(&client, &round.pods).await {
                 state.accepted = served.rules.iter().map(rule_key).collect();
             }
@@ -549,9 +552,13 @@ async fn newest_served(client: &Client<'_>, pods: &[SocketAddr]) -> Option<Confi
         .into_iter()
         .filter_map(|(pod, answer)| answer.ok().map(|(version, token)| (version, pod, token)))
         .collect();
-    // Last, those at version 0: no document yet, or one not pushed by a controller (read from
-    // a file, or pushed unversioned).
     versions.sort_unstable_by_key(|&(version, _, _)| std::cmp::Reverse(version));
+    // Pods at version 0 hold no document, or one no controller pushed (read from a file, or
+    // pushed unversioned): asked only when no pod holds a pushed one, since a new pod's empty
+    // document would make every rule look new.
+    if versions.first().is_some_and(|&(version, _, _)| version > 0) {
+        versions.retain(|&(version, _, _)| version > 0);
+    }
     for (_, pod, token) in versions.into_iter().take(SERVED_ASKED) {
         if let Ok(served) = super::client::served_document(pod, token, client.timeout).await {
             return Some(served);
