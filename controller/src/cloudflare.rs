@@ -13,7 +13,8 @@
 //! written again when it no longer carries what was written.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use aws_lc_rs::digest;
@@ -27,7 +28,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 use uuid::Uuid;
@@ -74,17 +75,17 @@ impl Carried {
 
     /// What an ingress document as [`Carried::document`] writes it carries. A hostname is
     /// carried by a rule that sends all of it to the proxies: one edited elsewhere to another
-    /// service, or to some paths only, is not.
+    /// service, or to some paths only, is not. A `hostname` or `path` that is empty or `null`
+    /// is absent, as `cloudflared` reads it (other tools and the API may hand rules back so).
     fn of_document(document: &Value) -> Self {
         let mut carried = Self::default();
         for entry in document["ingress"].as_array().into_iter().flatten() {
-            let to_proxies = entry["service"] == ORIGIN && entry.get("path").is_none();
-            match entry.get("hostname").and_then(Value::as_str) {
-                Some(hostname) if to_proxies => {
-                    carried.hostnames.insert(hostname.to_owned());
-                }
-                Some(_) => {}
-                None => carried.any_host |= to_proxies,
+            let to_proxies = entry["service"] == ORIGIN && unset(entry.get("path"));
+            let hostname = entry.get("hostname");
+            if unset(hostname) {
+                carried.any_host |= to_proxies;
+            } else if let (Some(Value::String(hostname)), true) = (hostname, to_proxies) {
+                carried.hostnames.insert(hostname.clone());
             }
         }
         carried
@@ -126,6 +127,15 @@ impl Carried {
             .collect();
         ingress.push(json!({"service": if self.any_host { ORIGIN } else { "http_status:404" }}));
         json!({ "ingress": ingress })
+    }
+}
+
+/// Whether an ingress rule's field is absent: missing, `null` or empty.
+fn unset(field: Option<&Value>) -> bool {
+    match field {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(_) => false,
     }
 }
 
@@ -468,13 +478,14 @@ impl TunnelApi {
     }
 
     /// The tunnel's configuration as the API holds it (`GET .../configurations`): its ingress
-    /// document, whoever wrote it last; `null` when the answer holds none.
+    /// document, whoever wrote it last.
     ///
     /// # Errors
-    /// As [`TunnelApi::put_configuration`].
+    /// As [`TunnelApi::put_configuration`]; and an answer that holds no configuration
+    /// (`result.config` missing or `null`), which tells nothing of what the tunnel carries.
     pub async fn get_configuration(&self, target: &TunnelTarget) -> Result<Value, String> {
         let uri = self.tunnel_uri(target, "configurations")?;
-        let mut envelope = self
+        let envelope = self
             .call(
                 "get_configuration",
                 hyper::Method::GET,
@@ -485,7 +496,8 @@ impl TunnelApi {
             )
             .await
             .map_err(String::from)?;
-        Ok(envelope["result"]["config"].take())
+        configuration_in(envelope)
+            .ok_or_else(|| format!("GET {uri}: the answer holds no configuration"))
     }
 
     /// One API call (`route`: its path with the ids left as names), traced as a client span;
@@ -662,6 +674,15 @@ impl TunnelApi {
     }
 }
 
+/// The configuration a successful answer of `GET .../configurations` holds
+/// (`result.config`); `None` when it holds none, whatever the shape around it.
+fn configuration_in(mut envelope: Value) -> Option<Value> {
+    envelope
+        .pointer_mut("/result/config")
+        .map(Value::take)
+        .filter(|config| !config.is_null())
+}
+
 /// What identifies a write: the document, and whom it is written as.
 fn sync_digest(target: &TunnelTarget, document: &Value) -> Vec<u8> {
     let mut ctx = digest::Context::new(&digest::SHA256);
@@ -727,7 +748,8 @@ pub struct TunnelSync {
     /// for one writer lets no other skip its own: another account or token may reach another
     /// tunnel of the same id, or none.
     verified: HashMap<WriterKey, Vec<u8>>,
-    /// Per tunnel, what the last document written to it carries.
+    /// Per tunnel, what its document carries as far as this process knows: what the last
+    /// document written to it carries, or what a read back found there since.
     landed: HashMap<Uuid, Carried>,
     /// Per tunnel and writer: the write that failed last, answered from here until its wait
     /// is over.
@@ -739,30 +761,79 @@ pub struct TunnelSync {
     /// When each tunnel's document is next read back; `None`: never
     /// ([`TunnelSync::reading_back`]).
     read_back: Option<ReadBackClock>,
-    /// The reads back running, by tunnel.
+    /// The reads back outstanding (waiting for a place, or reading), by tunnel. The tracker's
+    /// wake is its own: a read tells the caller's wake only when it finds a drift.
     read_backs: InFlight<Uuid, ReadBack>,
+    /// The places of the reads back that call the API at once ([`CONCURRENT_READ_BACKS`]).
+    read_places: Arc<Semaphore>,
+    /// Held by every read back outstanding ([`ReadBatch`]); dangling when none is.
+    read_batch: Weak<ReadBatch>,
     /// The wake calls are told of ([`TunnelSync::waiting_at_most`]).
     wake: Option<Arc<Notify>>,
     /// Tells the wake as the next read back falls due.
     alarm: Option<Alarm>,
 }
 
-/// A tunnel's document read back, in the task that read it: the writer and what the document
-/// it wrote carries (the document's digest is the task's), and what the tunnel carries now, or
-/// why that could not be read.
-type ReadBack = (WriterKey, Carried, Result<Carried, String>);
+/// A tunnel's document read back, as the task that read it leaves it.
+struct ReadBack {
+    /// Who wrote the document it was compared with (that document's digest is the task's).
+    writer: WriterKey,
+    /// What the tunnel carries now, and how that differs from what was written; or why it
+    /// could not be read.
+    found: Result<(Carried, Option<Drift>), String>,
+}
 
-/// Tunnel documents read back at once: a check that can wait, and each read spends the API
-/// token's rate limit, which writes share.
+/// Tunnel documents read from the API at once: a check that can wait, and each read spends
+/// the API token's rate limit, which writes share.
 const CONCURRENT_READ_BACKS: usize = 2;
 
-/// When each tunnel's document is next read back: a period after it was last written or a
-/// read of it started. No clock here: the caller says when it is.
+/// Reads back outstanding at most, most of them waiting for one of the
+/// [`CONCURRENT_READ_BACKS`] places: a new leader writes every tunnel within seconds, so all
+/// fall due together, and thousands of tunnels would otherwise be as many tasks at once.
+const OUTSTANDING_READ_BACKS: usize = 64;
+
+/// After reads back in a row that found the document changed, the wait before the next is
+/// the period doubled for each, up to this many periods (an hour at the default period).
+const MAX_READ_BACK_PERIODS: u32 = 12;
+
+/// Steps of a tunnel's share of the period ([`jitter`]).
+const JITTER_STEPS: u32 = 1000;
+
+/// Held by every read back outstanding, one for all of them: the last to end tells the wake
+/// when due reads were left for lack of room meanwhile, so the call it brings starts them.
+/// One wake for a batch of reads, where one per read would run a round for each.
+struct ReadBatch {
+    wake: Option<Arc<Notify>>,
+    /// Due reads were left unstarted.
+    left: AtomicBool,
+}
+
+impl Drop for ReadBatch {
+    fn drop(&mut self) {
+        if *self.left.get_mut() {
+            if let Some(wake) = &self.wake {
+                wake.notify_one();
+            }
+        }
+    }
+}
+
+/// When each tunnel's document is next read back. No clock here: the caller says when it is.
+///
+/// A tunnel falls due a wait after its document was last written or a read of it started: the
+/// period, doubled for each read back in a row that found the document changed ([`backoff`]),
+/// plus a share of the period of its own ([`jitter`]). Something else that keeps writing the
+/// tunnel (another tool, another cluster) would otherwise have its document and the
+/// controller's replace each other every period; and tunnels written together would be read
+/// together, every period.
 #[derive(Debug)]
 struct ReadBackClock {
     period: Duration,
     /// Per tunnel: when its document was last written, or a read back of it started.
     last: HashMap<Uuid, Instant>,
+    /// Per tunnel: the reads back in a row that found its document changed, and the digest of
+    /// the controller's document they found changed.
+    drifts: HashMap<Uuid, (u32, Vec<u8>)>,
 }
 
 impl ReadBackClock {
@@ -770,12 +841,43 @@ impl ReadBackClock {
         Self {
             period,
             last: HashMap::new(),
+            drifts: HashMap::new(),
         }
     }
 
-    /// The tunnel's document was written, or a read back of it started, at `now`.
+    /// A read back of the tunnel's document started at `now`.
     fn reset(&mut self, tunnel: Uuid, now: Instant) {
         self.last.insert(tunnel, now);
+    }
+
+    /// The controller's document `digest` landed on the tunnel at `now`. Another document
+    /// than the one found changed before starts the count of drifts again.
+    fn wrote(&mut self, tunnel: Uuid, digest: &[u8], now: Instant) {
+        self.last.insert(tunnel, now);
+        if self.drifts.get(&tunnel).is_some_and(|(_, d)| d != digest) {
+            self.drifts.remove(&tunnel);
+        }
+    }
+
+    /// A read back found the document as written.
+    fn held(&mut self, tunnel: &Uuid) {
+        self.drifts.remove(tunnel);
+    }
+
+    /// A read back found the document `digest` changed; returns how many reads in a row did.
+    fn drifted(&mut self, tunnel: Uuid, digest: &[u8]) -> u32 {
+        let count = match self.drifts.get(&tunnel) {
+            Some((count, d)) if d == digest => count.saturating_add(1),
+            _ => 1,
+        };
+        self.drifts.insert(tunnel, (count, digest.to_vec()));
+        count
+    }
+
+    /// How long after its last write, or read started, the tunnel falls due.
+    fn wait(&self, tunnel: &Uuid) -> Duration {
+        let drifts = self.drifts.get(tunnel).map_or(0, |(count, _)| *count);
+        backoff(self.period, drifts).saturating_add(jitter(self.period, tunnel))
     }
 
     /// Whether the tunnel's document is due to be read back at `now`: one this clock has not
@@ -783,14 +885,47 @@ impl ReadBackClock {
     fn due(&self, tunnel: &Uuid, now: Instant) -> bool {
         self.last
             .get(tunnel)
-            .is_none_or(|at| now.saturating_duration_since(*at) >= self.period)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= self.wait(tunnel))
     }
 
     /// When the tunnel's document falls due, if this clock has seen it (and the instant can
     /// be told).
     fn next(&self, tunnel: &Uuid) -> Option<Instant> {
-        self.last.get(tunnel)?.checked_add(self.period)
+        self.last.get(tunnel)?.checked_add(self.wait(tunnel))
     }
+
+    /// Forgets the tunnels `keep` does not keep.
+    fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
+        self.last.retain(|t, _| keep(t));
+        self.drifts.retain(|t, _| keep(t));
+    }
+}
+
+/// The wait before a read back after `drifts` reads in a row found the document changed:
+/// `period` doubled for each, at most [`MAX_READ_BACK_PERIODS`] periods.
+fn backoff(period: Duration, drifts: u32) -> Duration {
+    let periods = 1u32
+        .checked_shl(drifts)
+        .unwrap_or(u32::MAX)
+        .min(MAX_READ_BACK_PERIODS);
+    period.saturating_mul(periods)
+}
+
+/// How late a tunnel's reads back come: a share of a tenth of `period`, the same for the
+/// tunnel every time, spread over tunnels by their ids.
+fn jitter(period: Duration, tunnel: &Uuid) -> Duration {
+    // Ids are random in practice; mixed, neighbouring ones are spread as well.
+    let (high, low) = tunnel.as_u64_pair();
+    let h = mix(mix(high) ^ low);
+    let share = u32::try_from(h % u64::from(JITTER_STEPS)).unwrap_or(0);
+    (period / 10 / JITTER_STEPS).saturating_mul(share)
+}
+
+/// splitmix64's finaliser: each bit of `x` flips about half of the result's.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// A tunnel and who writes its document (a digest of account, API token and claimed secret).
@@ -852,7 +987,9 @@ impl TunnelSync {
             writes: InFlight::new(CONCURRENT_WRITES, Arc::new(Notify::new())),
             wait: None,
             read_back: None,
-            read_backs: InFlight::new(CONCURRENT_READ_BACKS, Arc::new(Notify::new())),
+            read_backs: InFlight::new(OUTSTANDING_READ_BACKS, Arc::new(Notify::new())),
+            read_places: Arc::new(Semaphore::new(CONCURRENT_READ_BACKS)),
+            read_batch: Weak::new(),
             wake: None,
             alarm: None,
         }
@@ -866,20 +1003,29 @@ impl TunnelSync {
         Self {
             failed: self.failed.waking(Arc::clone(&wake)),
             writes: InFlight::new(CONCURRENT_WRITES, Arc::clone(&wake)),
-            read_backs: InFlight::new(CONCURRENT_READ_BACKS, Arc::clone(&wake)),
             wake: Some(wake),
             wait: Some(wait),
             ..self
         }
     }
 
-    /// Reads each tunnel's document back at most once every `period` after it was written,
-    /// in the background, a couple at a time, through the caller's (paced) client; a call
-    /// waits for none. One that no longer carries what was written (edited in the dashboard,
-    /// written by another tool) is logged, counted (`cloudflare_tunnel_document_drifts`) and
-    /// written again by the next call; its end, like any read's, wakes the caller
-    /// ([`TunnelSync::waiting_at_most`]), as does the next read falling due. A read that
-    /// fails is tried at the next period: it reaches no call's results.
+    /// Reads each tunnel's document back at most once every `period` after it was written
+    /// (plus up to a tenth of it, the same for each tunnel, so that tunnels written together
+    /// are not read together), in the background, through the caller's (paced) client; a call
+    /// waits for none. A call starts every read due (up to 64 outstanding), and they call the
+    /// API two at a time. One that finds the document no longer carrying what was written
+    /// (edited in the dashboard, written by another tool) wakes the caller
+    /// ([`TunnelSync::waiting_at_most`]), and the next call logs it, counts it
+    /// (`cloudflare_tunnel_document_drifts`) and writes the document again; a read that finds
+    /// nothing wakes nobody. The next read falling due wakes the caller (one timer), and so
+    /// does the end of the last read outstanding when due ones were left for lack of room.
+    /// A read that fails is tried at the next period: it reaches no call's results.
+    ///
+    /// After a read that found the document changed, the next waits twice as long, doubling
+    /// with each such read in a row up to 12 periods: something else that keeps writing the
+    /// tunnel would otherwise have its document and the controller's replace each other every
+    /// period. A read that finds the document as written, or another document written by the
+    /// controller, starts again from one period.
     ///
     /// Only tunnels with one writer in a call are read: two writers of one tunnel would each
     /// find the other's document and write theirs again at every period.
@@ -1059,7 +1205,7 @@ impl TunnelSync {
                     }
                     self.landed.insert(key.0, Carried::of_document(&document));
                     if let Some(clock) = &mut self.read_back {
-                        clock.reset(key.0, Instant::now());
+                        clock.wrote(key.0, &digest, Instant::now());
                     }
                     self.written.insert(key.clone(), digest.clone());
                     wrote.insert((key, digest));
@@ -1094,40 +1240,80 @@ impl TunnelSync {
         };
         let now = Instant::now();
         let mut next: Option<Instant> = None;
+        let mut left = false;
         for (target, document, key, digest) in asked {
             // A document not written yet, or being written, is not read: the write's end
             // brings the next call.
             let readable = per_tunnel.get(&target.tunnel) == Some(&1)
                 && self.written.get(key) == Some(digest)
-                && self.read_backs.running(&target.tunnel).is_none()
                 && !self.writes.running_keys().any(|(t, _)| *t == target.tunnel);
             if !readable {
                 continue;
             }
-            if !clock.due(&target.tunnel, now) {
-                if let Some(at) = clock.next(&target.tunnel) {
+            // The timer is for the next read of each, one running included: its end, finding
+            // nothing, wakes nobody.
+            let mut fall_due = |clock: &ReadBackClock| {
+                if let Some(at) = clock.next(&target.tunnel).filter(|at| *at > now) {
                     next = Some(next.map_or(at, |n| n.min(at)));
                 }
+            };
+            if self.read_backs.running(&target.tunnel).is_some() || !clock.due(&target.tunnel, now)
+            {
+                fall_due(clock);
                 continue;
             }
-            // Due and no room: a read running frees one as it ends, and its end wakes.
             if self.read_backs.is_full() {
+                left = true;
                 continue;
             }
             clock.reset(target.tunnel, now);
+            fall_due(clock);
+            let batch = match self.read_batch.upgrade() {
+                Some(batch) => batch,
+                None => {
+                    let batch = Arc::new(ReadBatch {
+                        wake: self.wake.clone(),
+                        left: AtomicBool::new(false),
+                    });
+                    self.read_batch = Arc::downgrade(&batch);
+                    batch
+                }
+            };
             let api = api.clone();
             let target = target.clone();
             let writer = key.clone();
             let written = Carried::of_document(document);
+            let places = Arc::clone(&self.read_places);
+            let wake = self.wake.clone();
+            // Compared here: only a drift needs a call, and so a wake.
             let read = async move {
-                let found = api
-                    .get_configuration(&target)
-                    .await
-                    .map(|config| Carried::of_document(&config));
-                (writer, written, found)
+                let found = async {
+                    let _place = places
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| "no place to read from".to_owned())?;
+                    let config = api.get_configuration(&target).await?;
+                    let found = Carried::of_document(&config);
+                    let drift = written.drift(&found);
+                    Ok((found, drift))
+                }
+                .await;
+                if matches!(found, Ok((_, Some(_)))) {
+                    if let Some(wake) = &wake {
+                        wake.notify_one();
+                    }
+                }
+                drop(batch);
+                ReadBack { writer, found }
             }
             .instrument(tracing::Span::current());
             self.read_backs.start(key.0, digest.clone(), read);
+        }
+        // Due reads left wait for the end of those outstanding, all of them: one wake then.
+        if left {
+            if let Some(batch) = self.read_batch.upgrade() {
+                batch.left.store(true, Ordering::Relaxed);
+            }
         }
         let kept = self
             .alarm
@@ -1145,44 +1331,64 @@ impl TunnelSync {
     fn settle_read_backs(&mut self, calls: &ApiCalls, done: Vec<Finished<Uuid, ReadBack>>) {
         for (tunnel, digest, outcome) in done {
             // A read that panicked tells nothing; the next period reads again.
-            let Some((key, written, found)) = outcome else {
+            let Some(ReadBack { writer, found }) = outcome else {
                 continue;
             };
             // Written again since, or forgotten: the read compared another document.
-            if self.written.get(&key) != Some(&digest) {
+            if self.written.get(&writer) != Some(&digest) {
                 continue;
             }
-            let found = match found {
+            let (found, drift) = match found {
                 Ok(found) => found,
                 Err(error) => {
                     tracing::debug!(%tunnel, %error, "reading the tunnel's ingress document back failed; it is read again at the next period");
                     continue;
                 }
             };
-            let Some(drift) = written.drift(&found) else {
+            let Some(clock) = &mut self.read_back else {
                 continue;
             };
+            let Some(drift) = drift else {
+                clock.held(&tunnel);
+                continue;
+            };
+            let in_a_row = clock.drifted(tunnel, &digest);
             let catch_all = match drift.catch_all {
                 None => "unchanged",
                 Some(true) => "now sends every other hostname to the proxies",
                 Some(false) => "no longer sends every other hostname to the proxies",
             };
-            tracing::warn!(
-                %tunnel,
-                missing = %listed(&drift.missing),
-                unexpected = %listed(&drift.unexpected),
-                catch_all,
-                "the tunnel's ingress document was changed outside the controller; writing it again"
-            );
+            let (missing, unexpected) = (listed(&drift.missing), listed(&drift.unexpected));
+            if in_a_row > 1 {
+                tracing::warn!(
+                    %tunnel,
+                    %missing,
+                    %unexpected,
+                    catch_all,
+                    times_in_a_row = in_a_row,
+                    next_read_back_in = ?clock.wait(&tunnel),
+                    "the tunnel's ingress document was changed outside the controller again; something else writes this tunnel's configuration; writing it again, and reading it back less often"
+                );
+            } else {
+                tracing::warn!(
+                    %tunnel,
+                    %missing,
+                    %unexpected,
+                    catch_all,
+                    "the tunnel's ingress document was changed outside the controller; writing it again"
+                );
+            }
             calls.drifts.inc();
-            self.written.remove(&key);
+            self.written.remove(&writer);
             // What the tunnel serves until the write lands.
             self.landed.insert(tunnel, found);
         }
     }
 
-    /// What the document this process last wrote to `tunnel` carries, whoever wrote it and
-    /// whichever call it finished in: what the tunnel serves while newer documents fail.
+    /// What `tunnel`'s document carries as far as this process knows, whichever of its
+    /// writers wrote last and whichever call that finished in: what the last document written
+    /// to it carries, or what a read back found there since (changed elsewhere, until the
+    /// controller's document lands again). What the tunnel serves while newer documents fail.
     /// `None` before the first write that succeeded.
     pub fn landed(&self, tunnel: &Uuid) -> Option<&Carried> {
         self.landed.get(tunnel)
@@ -1192,6 +1398,10 @@ impl TunnelSync {
     /// every read back.
     pub fn abort_all(&mut self) {
         self.writes.abort_all();
+        // Their ends bring no call: nothing is left to start.
+        if let Some(batch) = self.read_batch.upgrade() {
+            batch.left.store(false, Ordering::Relaxed);
+        }
         self.read_backs.abort_all();
         self.alarm = None;
     }
@@ -1211,7 +1421,7 @@ impl TunnelSync {
         self.landed.retain(|t, _| served(t));
         self.read_backs.retain(|t| served(t));
         if let Some(clock) = &mut self.read_back {
-            clock.last.retain(|t, _| served(t));
+            clock.retain(&served);
         }
         self.written.retain(|key, _| asked.contains(key));
         self.verified.retain(|key, _| asked.contains(key));
@@ -1316,6 +1526,31 @@ mod tests {
             carried(&[], true)
         );
         assert_eq!(Carried::of_document(&Value::Null), Carried::default());
+        // Empty or null fields, as other tools may write them, are absent.
+        let found = json!({
+            "ingress": [
+                {"hostname": "a.example.com", "path": "", "service": ORIGIN},
+                {"hostname": "b.example.com", "path": null, "service": ORIGIN},
+                {"hostname": "c.example.com", "path": "/only", "service": ORIGIN},
+                {"hostname": 7, "service": ORIGIN},
+                {"hostname": "", "service": "http_status:404"},
+            ],
+        });
+        assert_eq!(
+            Carried::of_document(&found),
+            carried(&["a.example.com", "b.example.com"], false)
+        );
+        for catch_all in [
+            json!({"hostname": "", "service": ORIGIN}),
+            json!({"hostname": null, "path": "", "service": ORIGIN}),
+            json!({"hostname": null, "path": null, "service": ORIGIN}),
+        ] {
+            assert_eq!(
+                Carried::of_document(&json!({"ingress": [catch_all]})),
+                carried(&[], true),
+                "{catch_all}"
+            );
+        }
         // What the controller writes, it reads as written.
         let written = carried(&["a.example.com", "*.example.org"], true);
         assert_eq!(Carried::of_document(&written.document()), written);
@@ -1333,28 +1568,122 @@ mod tests {
     }
 
     #[test]
-    fn a_tunnel_is_read_back_a_period_after_it_was_last_written_or_read() {
+    fn a_tunnel_is_read_back_a_period_and_its_share_after_it_was_last_written_or_read() {
         let s = Duration::from_secs;
         let mut clock = ReadBackClock::new(s(300));
         let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let late = jitter(s(300), &a);
         let t0 = Instant::now();
         assert!(clock.due(&a, t0), "one never seen is due at once");
         assert_eq!(clock.next(&a), None);
-        clock.reset(a, t0);
+        clock.wrote(a, b"doc", t0);
         assert!(!clock.due(&a, t0));
         assert!(!clock.due(&a, t0 + s(299)));
-        assert!(clock.due(&a, t0 + s(300)));
-        assert_eq!(clock.next(&a), Some(t0 + s(300)));
+        assert!(clock.due(&a, t0 + s(300) + late));
+        assert_eq!(clock.next(&a), Some(t0 + s(300) + late));
         assert!(clock.due(&b, t0), "each tunnel has its own");
         // Read (or written) again: a period from then.
         clock.reset(a, t0 + s(310));
         assert!(!clock.due(&a, t0 + s(600)));
-        assert!(clock.due(&a, t0 + s(610)));
+        assert!(clock.due(&a, t0 + s(610) + late));
         // A period no instant can be told for never falls due.
         let mut never = ReadBackClock::new(Duration::MAX);
-        never.reset(a, t0);
+        never.wrote(a, b"doc", t0);
         assert!(!never.due(&a, t0 + s(86_400)));
         assert_eq!(never.next(&a), None);
+    }
+
+    #[test]
+    fn reads_back_finding_a_drift_in_a_row_wait_longer_until_one_does_not() {
+        let s = Duration::from_secs;
+        let mut clock = ReadBackClock::new(s(300));
+        let a = Uuid::from_u128(7);
+        let late = jitter(s(300), &a);
+        let t0 = Instant::now();
+        clock.wrote(a, b"doc", t0);
+        clock.reset(a, t0 + s(300));
+        assert_eq!(clock.drifted(a, b"doc"), 1);
+        // Written again: twice the period from then.
+        clock.wrote(a, b"doc", t0 + s(301));
+        assert_eq!(clock.next(&a), Some(t0 + s(301 + 600) + late));
+        assert_eq!(clock.drifted(a, b"doc"), 2);
+        clock.wrote(a, b"doc", t0 + s(1000));
+        assert_eq!(clock.next(&a), Some(t0 + s(1000 + 1200) + late));
+        // Found as written: a period again.
+        clock.held(&a);
+        assert_eq!(clock.next(&a), Some(t0 + s(1000 + 300) + late));
+        assert_eq!(clock.drifted(a, b"doc"), 1, "counted from one again");
+        // The controller's own document changes: so does what the other writer fights over.
+        clock.wrote(a, b"another doc", t0 + s(2000));
+        assert_eq!(clock.next(&a), Some(t0 + s(2000 + 300) + late));
+        assert_eq!(clock.drifted(a, b"another doc"), 1);
+        // Forgotten with its tunnel.
+        clock.retain(|_| false);
+        assert_eq!(clock.next(&a), None);
+        assert_eq!(clock.drifted(a, b"another doc"), 1);
+    }
+
+    #[test]
+    fn the_wait_after_drifts_in_a_row_doubles_up_to_twelve_periods() {
+        let s = Duration::from_secs;
+        let waits: Vec<Duration> = (0..7).map(|n| backoff(s(300), n)).collect();
+        assert_eq!(
+            waits,
+            [s(300), s(600), s(1200), s(2400), s(3600), s(3600), s(3600)]
+        );
+        assert_eq!(backoff(s(300), 40), s(3600), "no shift out of range");
+        assert_eq!(backoff(s(300), u32::MAX), s(3600));
+        assert_eq!(backoff(Duration::MAX, 3), Duration::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_tunnels_share_of_the_period_is_its_own_and_spread_over_a_tenth() {
+        let period = Duration::from_secs(300);
+        let tenth = period / 10;
+        let ids: Vec<Uuid> = (0..1000u128)
+            .map(Uuid::from_u128)
+            .chain((0..1000u128).map(|i| Uuid::from_u128(i << 64)))
+            .chain(["3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39"
+                .parse()
+                .expect("uuid")])
+            .collect();
+        let mut buckets = [0usize; 10];
+        for id in &ids {
+            let late = jitter(period, id);
+            assert!(late < tenth, "{id}: {late:?}");
+            assert_eq!(jitter(period, id), late, "the same every time");
+            let bucket = usize::try_from(late.as_nanos() * 10 / tenth.as_nanos()).expect("small");
+            buckets[bucket] += 1;
+        }
+        // Neighbouring ids (as tests and tools number them) are spread too, evenly enough.
+        for (i, n) in buckets.iter().enumerate() {
+            assert!((120..=280).contains(n), "bucket {i}: {buckets:?}");
+        }
+        let distinct: HashSet<Duration> = ids.iter().map(|id| jitter(period, id)).collect();
+        assert!(distinct.len() > 800, "{}", distinct.len());
+        assert_eq!(jitter(Duration::ZERO, &ids[5]), Duration::ZERO);
+        assert!(jitter(Duration::MAX, &ids[5]) < Duration::MAX / 10);
+    }
+
+    #[test]
+    fn a_read_back_holds_a_configuration_only_if_its_answer_names_one() {
+        let config = json!({"ingress": [{"service": "http_status:404"}]});
+        let answer = |result: Value| json!({"success": true, "errors": [], "result": result});
+        assert_eq!(
+            configuration_in(answer(json!({"version": 3, "config": config}))),
+            Some(config)
+        );
+        for result in [
+            json!({"version": 3, "config": null}),
+            json!({"version": 3}),
+            Value::Null,
+            json!("a string"),
+            json!([1, 2]),
+        ] {
+            assert_eq!(configuration_in(answer(result.clone())), None, "{result}");
+        }
+        assert_eq!(configuration_in(json!({"success": true})), None);
+        assert_eq!(configuration_in(json!(["not", "an", "envelope"])), None);
     }
 
     fn rule(hosts: &[&str]) -> Rule {

@@ -33,6 +33,8 @@ struct State {
     rate_limit_next: Option<u64>,
     /// Requests received.
     requests: usize,
+    /// Requests waiting for the gate to open ([`CloudflareApi::hold`]).
+    held: usize,
     writes: usize,
     /// Carry out the next `PUT` only this long after it arrives.
     slow_next_put: Option<Duration>,
@@ -57,10 +59,13 @@ pub struct CloudflareApi {
     state: Arc<Mutex<State>>,
     /// Open: requests are answered; shut ([`CloudflareApi::hold`]): they wait.
     gate: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The same for `GET`s only ([`CloudflareApi::hold_reads`]).
+    reads_gate: Arc<tokio::sync::watch::Sender<bool>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Requests wait unanswered while this lives ([`CloudflareApi::hold`]).
+/// Requests wait unanswered while this lives ([`CloudflareApi::hold`],
+/// [`CloudflareApi::hold_reads`]).
 pub struct Hold {
     gate: Arc<tokio::sync::watch::Sender<bool>>,
 }
@@ -102,11 +107,13 @@ fn refuse(status: StatusCode, code: u32, message: &str) -> Response<Full<Bytes>>
     )
 }
 
-/// Reads `req`, then carries it out in a task of its own (after the gate opens, and the wait
-/// [`CloudflareApi::slow_next_put`] set), which its client going away does not stop.
+/// Reads `req`, then carries it out in a task of its own (after the gate opens, a `GET`'s
+/// own gate too, and the wait [`CloudflareApi::slow_next_put`] set), which its client going
+/// away does not stop.
 async fn receive(
     state: Arc<Mutex<State>>,
     mut open: tokio::sync::watch::Receiver<bool>,
+    mut reads_open: tokio::sync::watch::Receiver<bool>,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
@@ -115,6 +122,7 @@ async fn receive(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    let read = parts.method == Method::GET;
     let put = (parts.method == Method::PUT).then(|| {
         let mut state = state.lock().expect("state");
         state.puts += 1;
@@ -126,7 +134,17 @@ async fn receive(
         if let Some((_, Some(wait))) = put {
             tokio::time::sleep(wait).await;
         }
+        let held = !*open.borrow() || (read && !*reads_open.borrow());
+        if held {
+            state.lock().expect("state").held += 1;
+        }
         let _ = open.wait_for(|open| *open).await;
+        if read {
+            let _ = reads_open.wait_for(|open| *open).await;
+        }
+        if held {
+            state.lock().expect("state").held -= 1;
+        }
         let res = handle(&state, parts, body);
         if let Some((n, _)) = put {
             state
@@ -257,6 +275,8 @@ impl CloudflareApi {
         let serving = Arc::clone(&state);
         let gate = Arc::new(tokio::sync::watch::Sender::new(true));
         let gates = Arc::clone(&gate);
+        let reads_gate = Arc::new(tokio::sync::watch::Sender::new(true));
+        let reads_gates = Arc::clone(&reads_gate);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -264,11 +284,13 @@ impl CloudflareApi {
                 };
                 let state = Arc::clone(&serving);
                 let gate = Arc::clone(&gates);
+                let reads_gate = Arc::clone(&reads_gates);
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let state = Arc::clone(&state);
                         let open = gate.subscribe();
-                        async move { Ok::<_, Infallible>(receive(state, open, req).await) }
+                        let reads_open = reads_gate.subscribe();
+                        async move { Ok::<_, Infallible>(receive(state, open, reads_open, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -280,6 +302,7 @@ impl CloudflareApi {
             addr,
             state,
             gate,
+            reads_gate,
             task,
         }
     }
@@ -290,6 +313,14 @@ impl CloudflareApi {
         self.gate.send_replace(false);
         Hold {
             gate: Arc::clone(&self.gate),
+        }
+    }
+
+    /// Leaves `GET`s unanswered until the returned guard is dropped; writes are answered.
+    pub fn hold_reads(&self) -> Hold {
+        self.reads_gate.send_replace(false);
+        Hold {
+            gate: Arc::clone(&self.reads_gate),
         }
     }
 
@@ -324,6 +355,20 @@ impl CloudflareApi {
             .configs
             .get(&(account.to_owned(), tunnel.to_owned()))
             .cloned()
+    }
+
+    /// Stores `config` as the tunnel's configuration as it is, unchecked (a `null` one
+    /// included), with the next version: what another writer, or the API itself, may leave.
+    pub fn replace_config(&self, account: &str, tunnel: &str, config: Value) {
+        let mut state = self.state.lock().expect("state");
+        let key = (account.to_owned(), tunnel.to_owned());
+        let version = state.configs.get(&key).map_or(1, |(v, _)| v + 1);
+        state.configs.insert(key, (version, config));
+    }
+
+    /// Requests waiting unanswered now while [`CloudflareApi::hold`] holds them.
+    pub fn held(&self) -> usize {
+        self.state.lock().expect("state").held
     }
 
     /// Answers the next request 429 with `Retry-After: seconds`.

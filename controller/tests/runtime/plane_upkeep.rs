@@ -764,8 +764,8 @@ async fn read_back_setup(
 /// A tunnel's document is read back once a period (300 ms here) after it was written: found
 /// unchanged, it is not written again. Changed behind the controller's back (in the
 /// dashboard, as the account's owner: `b.example.com` dropped, `c.example.com` added), the
-/// read's end wakes the loop, the next call writes the controller's document again, and the
-/// drift is counted.
+/// read that finds it wakes the loop, the next call writes the controller's document again,
+/// and the drift is counted.
 #[tokio::test]
 async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
     use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
@@ -831,8 +831,9 @@ async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
     .expect("in time");
 }
 
-/// A read back that fails (the API answers 429) is left for the next period: the tunnel is
-/// not reported failing, nothing is written, and what it serves stays as written.
+/// A read back that fails (the API answers 429), or whose answer holds no configuration
+/// (`"config": null`), is left for the next period: the tunnel is not reported failing,
+/// nothing is written, and what it serves stays as written.
 #[tokio::test]
 async fn a_failed_tunnel_read_back_changes_nothing() {
     use cftunnel_controller::cloudflare::TunnelSync;
@@ -848,10 +849,11 @@ async fn a_failed_tunnel_read_back_changes_nothing() {
         let requests = cloudflare.requests();
         // No wait asked for: the limit holds up no later call.
         cloudflare.rate_limit_next(0);
+        cloudflare.replace_config("acct", TUNNEL_ID, Value::Null);
 
-        // The refused read, then the next period's.
+        // The refused read, then two periods' reads of no configuration.
         let results = calls_until(&mut sync, &api, &target, &document, &wake, || {
-            cloudflare.requests() >= requests + 2
+            cloudflare.requests() >= requests + 3
         })
         .await;
         assert!(results.iter().all(|r| *r == Ok(false)), "{results:?}");
@@ -873,4 +875,375 @@ async fn a_failed_tunnel_read_back_changes_nothing() {
     })
     .await
     .expect("in time");
+}
+
+/// The calls `sync_all` of `work` the run loop makes while `how_long` runs: one each time
+/// `wake` is told. Returns how many.
+async fn calls_during(
+    sync: &mut cftunnel_controller::cloudflare::TunnelSync,
+    api: &cftunnel_controller::cloudflare::TunnelApi,
+    work: &[(cftunnel_controller::cloudflare::TunnelTarget, Value)],
+    wake: &tokio::sync::Notify,
+    how_long: Duration,
+) -> usize {
+    let until = tokio::time::Instant::now() + how_long;
+    let mut calls = 0;
+    while tokio::time::timeout_at(until, wake.notified())
+        .await
+        .is_ok()
+    {
+        sync.sync_all(api, work.to_vec()).await;
+        calls += 1;
+    }
+    calls
+}
+
+/// Forgets a wake told before now, if one was.
+async fn forget_wake(wake: &tokio::sync::Notify) {
+    let _ = tokio::time::timeout(Duration::from_millis(20), wake.notified()).await;
+}
+
+/// Waits (within 5 s) until `cloudflare` has answered `requests` requests in all.
+async fn answered(cloudflare: &cftunnel_testkit::cloudflare_api::CloudflareApi, requests: usize) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while cloudflare.requests() < requests {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{requests} requests answered within 5 s, not {}",
+            cloudflare.requests()
+        )
+    });
+}
+
+/// A read back that finds the document as written wakes nobody: each of three reads comes
+/// with the one wake of its period's timer, and none follows it until the next falls due.
+#[tokio::test]
+async fn a_tunnel_read_back_that_finds_no_drift_wakes_nothing() {
+    use cftunnel_controller::cloudflare::TunnelSync;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_millis(300);
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(period);
+        let mut last = std::time::Instant::now();
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        // The write's end told it.
+        forget_wake(&wake).await;
+        let puts = cloudflare.put_events().len();
+        let requests = cloudflare.requests();
+        for read in 1..=3 {
+            tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                .await
+                .expect("the read's timer wakes");
+            assert!(
+                last.elapsed() >= period,
+                "read {read} falls due a period on"
+            );
+            last = std::time::Instant::now();
+            assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+            answered(&cloudflare, requests + read).await;
+            assert!(
+                tokio::time::timeout(period / 2, wake.notified())
+                    .await
+                    .is_err(),
+                "read {read} found nothing, and woke the loop"
+            );
+        }
+        assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
+        let mut metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
+        assert!(
+            metrics.contains("cloudflare_tunnel_document_drifts_total 0\n"),
+            "{metrics}"
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+/// `n` tunnels of `target`'s account and token (`Uuid`s 0x100 on), each with a document of
+/// its own (`t{i}.example.com`).
+fn tunnels(
+    target: &cftunnel_controller::cloudflare::TunnelTarget,
+    n: u128,
+) -> Vec<(cftunnel_controller::cloudflare::TunnelTarget, Value)> {
+    (0..n)
+        .map(|i| {
+            let target = cftunnel_controller::cloudflare::TunnelTarget {
+                tunnel: uuid::Uuid::from_u128(0x100 + i),
+                ..target.clone()
+            };
+            let document = json!({"ingress": [
+                {"hostname": format!("t{i}.example.com"), "service": "http://localhost:8080"},
+                {"service": "http_status:404"},
+            ]});
+            (target, document)
+        })
+        .collect()
+}
+
+/// Calls `sync_all` of `work` until every document of it is written (eight are written at
+/// once).
+async fn write_all(
+    sync: &mut cftunnel_controller::cloudflare::TunnelSync,
+    api: &cftunnel_controller::cloudflare::TunnelApi,
+    work: &[(cftunnel_controller::cloudflare::TunnelTarget, Value)],
+) {
+    use cftunnel_controller::cloudflare::Synced;
+    for _ in 0..50 {
+        let results = sync.sync_all(api, work.to_vec()).await;
+        if results.iter().all(|r| *r == Ok(Synced::Held)) {
+            return;
+        }
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(Synced::Wrote | Synced::Behind | Synced::Held))),
+            "{results:?}"
+        );
+    }
+    panic!("every document written within 50 calls");
+}
+
+/// Tunnels all due (written together, a period and its tenth ago) are all read back after
+/// the one call that finds them due, with no other call: two at a time, the others waiting
+/// for a place.
+#[tokio::test]
+async fn every_tunnel_due_is_read_back_after_one_call_two_at_a_time() {
+    use cftunnel_controller::cloudflare::{Synced, TunnelSync};
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
+        let api = api.paced(Duration::from_millis(1), 1000);
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_millis(300);
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(period);
+        let work = tunnels(&target, 5);
+        write_all(&mut sync, &api, &work).await;
+        let puts = cloudflare.put_events().len();
+        // Each falls due a period and up to a tenth of it after its write.
+        tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
+        let requests = cloudflare.requests();
+        let hold = cloudflare.hold();
+        let results = sync.sync_all(&api, work.clone()).await;
+        assert_eq!(results, vec![Ok(Synced::Held); 5]);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while cloudflare.held() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("two reads at the API");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(cloudflare.held(), 2, "two at once, no more");
+        drop(hold);
+        answered(&cloudflare, requests + 5).await;
+        assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
+    })
+    .await
+    .expect("in time");
+}
+
+/// With more tunnels due than reads may be outstanding (64), one call starts 64; the end of
+/// the last of them wakes the loop (long before the next read falls due, two seconds on), and
+/// the call it brings starts the rest.
+#[tokio::test]
+async fn reads_back_beyond_64_start_once_those_outstanding_end() {
+    use cftunnel_controller::cloudflare::TunnelSync;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
+        let api = api.paced(Duration::from_millis(1), 1000);
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_secs(2);
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(period);
+        let work = tunnels(&target, 66);
+        write_all(&mut sync, &api, &work).await;
+        tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
+        forget_wake(&wake).await;
+        let requests = cloudflare.requests();
+        let hold = cloudflare.hold();
+        sync.sync_all(&api, work.clone()).await;
+        drop(hold);
+        // Well before the next read falls due.
+        tokio::time::timeout(period / 2, wake.notified())
+            .await
+            .expect("the last read outstanding wakes the loop");
+        assert_eq!(cloudflare.requests(), requests + 64, "64 read, 2 left");
+        sync.sync_all(&api, work.clone()).await;
+        answered(&cloudflare, requests + 66).await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Calls of `sync` on each wake (within 10 s) until one writes: when that call started and
+/// when it ended.
+async fn rewritten(
+    sync: &mut cftunnel_controller::cloudflare::TunnelSync,
+    api: &cftunnel_controller::cloudflare::TunnelApi,
+    target: &cftunnel_controller::cloudflare::TunnelTarget,
+    document: &Value,
+    wake: &tokio::sync::Notify,
+) -> (std::time::Instant, std::time::Instant) {
+    loop {
+        tokio::time::timeout(Duration::from_secs(10), wake.notified())
+            .await
+            .expect("a wake comes");
+        let started = std::time::Instant::now();
+        if sync.sync(api, target, document).await == Ok(true) {
+            return (started, std::time::Instant::now());
+        }
+    }
+}
+
+/// Something else that keeps writing the tunnel (edited again right after each of the
+/// controller's writes) finds the controller reading it back less often: two periods after
+/// the first rewrite, four after the second, eight after the third. A read that finds the
+/// document as written brings the period back.
+#[tokio::test]
+async fn a_tunnel_changed_elsewhere_again_and_again_is_read_back_less_often() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_millis(200);
+        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
+            .reading_back(period);
+        let other = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let edited = json!({"ingress": [
+            {"hostname": "a.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        let mut wrote = std::time::Instant::now();
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        for (drifts, periods) in [(1, 1), (2, 2), (3, 4)] {
+            other
+                .put_configuration(&target, &edited)
+                .await
+                .expect("written by the other writer");
+            let (started, ended) = rewritten(&mut sync, &api, &target, &document, &wake).await;
+            let waited = ended - wrote;
+            assert!(
+                waited >= period * periods,
+                "drift {drifts} found {waited:?} after the write before, not {periods} periods"
+            );
+            assert!(
+                waited < period * (periods + 1),
+                "drift {drifts} found {waited:?} after the write before: too late"
+            );
+            wrote = started;
+        }
+        // Left alone now: read eight periods on, found as written, and a period after that
+        // again.
+        let requests = cloudflare.requests();
+        let puts = cloudflare.put_events().len();
+        calls_until(&mut sync, &api, &target, &document, &wake, || {
+            cloudflare.requests() > requests
+        })
+        .await;
+        assert!(wrote.elapsed() >= period * 8, "{:?}", wrote.elapsed());
+        let found = std::time::Instant::now();
+        calls_until(&mut sync, &api, &target, &document, &wake, || {
+            cloudflare.requests() > requests + 1
+        })
+        .await;
+        // Eight periods again, had the count of drifts stayed.
+        assert!(found.elapsed() < period * 4, "{:?}", found.elapsed());
+        assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
+        let mut metrics = String::new();
+        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
+        assert!(
+            metrics.contains("cloudflare_tunnel_document_drifts_total 3\n"),
+            "{metrics}"
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+/// A read back under way while the document changes and is written (its answer held by the
+/// API: all requests, the write's too, or only reads, so that it answers with the new
+/// document) leaves no trace: no second write, and what the tunnel carries is what the write
+/// left.
+#[tokio::test]
+async fn a_read_back_under_way_as_the_document_is_written_changes_nothing() {
+    use cftunnel_controller::cloudflare::TunnelSync;
+    for reads_only in [false, true] {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+            let wake = Arc::new(tokio::sync::Notify::new());
+            let period = Duration::from_millis(300);
+            let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
+                .waiting_at_most(Duration::from_millis(300), Arc::clone(&wake))
+                .reading_back(period);
+            assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+            forget_wake(&wake).await;
+            tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                .await
+                .expect("the read's timer wakes");
+            let hold = if reads_only {
+                cloudflare.hold_reads()
+            } else {
+                cloudflare.hold()
+            };
+            assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while cloudflare.held() < 1 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the read at the API");
+
+            let changed = json!({"ingress": [
+                {"hostname": "a.example.com", "service": "http://localhost:8080"},
+                {"hostname": "d.example.com", "service": "http://localhost:8080"},
+                {"service": "http_status:404"},
+            ]});
+            let written = sync.sync(&api, &target, &changed).await;
+            assert_eq!(written, Ok(reads_only), "written at once unless held");
+            drop(hold);
+            if !reads_only {
+                let results = calls_until(&mut sync, &api, &target, &changed, &wake, || {
+                    cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d) == Some(changed.clone())
+                })
+                .await;
+                assert_eq!(results.last(), Some(&Ok(true)), "{results:?}");
+            }
+            let puts = cloudflare.put_events().len();
+            let work = vec![(target.clone(), changed.clone())];
+            calls_during(&mut sync, &api, &work, &wake, period * 3).await;
+            assert_eq!(
+                cloudflare.put_events().len(),
+                puts,
+                "written once (reads only: {reads_only})"
+            );
+            let landed = sync.landed(&target.tunnel).expect("landed");
+            assert!(landed.carries(&["d.example.com".to_owned()]));
+            assert!(!landed.carries(&["b.example.com".to_owned()]));
+            let mut metrics = String::new();
+            prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
+            assert!(
+                metrics.contains("cloudflare_tunnel_document_drifts_total 0\n"),
+                "{metrics}"
+            );
+        })
+        .await
+        .unwrap_or_else(|_| panic!("in time (reads only: {reads_only})"));
+    }
 }
