@@ -2,7 +2,8 @@
 //! objects without the managed fields the API server keeps of each writer (often most of an
 //! object), but for the controller's own Deployments, whose `spec.replicas` owner is read from
 //! them, and no Helm release records; and a round's snapshot shares the cached objects rather
-//! than copying them.
+//! than copying them. Of Pods, only the rendered planes' are kept, without their specs, and a
+//! refused Pod list holds up nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -327,6 +328,92 @@ async fn a_crd_discovery_missed_is_picked_up_on_a_recheck() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Pod of `labels` named `name` in tenant-a, with a spec and a status.
+fn pod(name: &str, labels: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: tenant-a, labels: {labels}}}\nspec:\n  containers: [{{name: proxy, image: proxy:1, env: [{{name: TUNNEL_TOKEN, value: secret}}]}}]\nstatus: {{phase: Pending, podIP: 10.0.0.5}}\n"
+    ))
+}
+
+/// The Pod cache holds the rendered planes' pods only (by the label every rendered object
+/// carries), and of each its state, not its spec.
+#[tokio::test]
+async fn the_pod_cache_holds_the_planes_pods_without_their_specs() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        api.put(pod(
+            "cf-proxy-edge-abc",
+            "{app.kubernetes.io/managed-by: cftunnel-controller}",
+        ));
+        api.put(pod("web-abc", "{app: web}"));
+        let mut tasks = JoinSet::new();
+        let stores = start(
+            &api,
+            Duration::from_secs(30),
+            &Health::default(),
+            &mut tasks,
+        );
+        assert!(stores.wait_until_ready(Duration::from_secs(1)).await);
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        let pods = loop {
+            let pods = stores.pods.state();
+            if !pods.is_empty() {
+                break pods;
+            }
+            assert!(
+                std::time::Instant::now() < by,
+                "the plane's pod is not listed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let names: Vec<_> = pods.iter().map(|p| p.meta().name.clone()).collect();
+        assert_eq!(names, [Some("cf-proxy-edge-abc".to_owned())]);
+        assert_eq!(pods[0].spec, None, "the spec is not kept");
+        assert_eq!(
+            pods[0].status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+            Some("10.0.0.5")
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller refused the Pod list (an older chart's ClusterRole) is ready all the same, at
+/// once: nothing waits for the pods.
+#[tokio::test]
+async fn a_refused_pod_list_holds_up_nothing() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        let refused = api.forbid(|c| c.kind == "Pod");
+        let mut tasks = JoinSet::new();
+        let stores = start(
+            &api,
+            Duration::from_secs(30),
+            &Health::default(),
+            &mut tasks,
+        );
+        let started = std::time::Instant::now();
+        assert!(stores.wait_until_ready(Duration::from_secs(5)).await);
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "waited {:?}",
+            started.elapsed()
+        );
+        refused.refused(1).await;
+        assert!(stores.pods.state().is_empty());
     })
     .await
     .expect("in time");

@@ -22,6 +22,7 @@ pub mod health;
 pub mod lease;
 pub mod optional_apis;
 pub mod ownership_parents;
+pub mod pod_states;
 mod report;
 mod schedule;
 pub mod status;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
@@ -173,6 +175,9 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["list", "watch", "get", "create", "patch", "delete"],
     ),
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+    // The rendered planes' pods, whose state says why a plane takes no config (still starting,
+    // an image that cannot be pulled). A controller refused it goes on without.
+    ("", "pods", &["list", "watch"]),
     (
         "apps",
         "deployments",
@@ -224,8 +229,8 @@ pub const TUNNEL_DOCUMENT_WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
 /// The port name of the config API on rendered and shared proxy Services.
 const CONFIG_PORT_NAME: &str = "config";
 /// How often at most each tunnel's ingress document is read back, by default: a call per
-/// tunnel, so a hundred tunnels on one API token spend a twelfth of its rate limit (1,200
-/// calls per five minutes).
+/// tunnel, so a hundred tunnels spend a twelfth of the API's rate limit (1,200 calls per five
+/// minutes per user, whatever the token, shared with the user's dashboard and other tools).
 pub const DEFAULT_TUNNEL_READ_BACK: Duration = Duration::from_secs(300);
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -299,6 +304,9 @@ pub struct RuntimeOptions {
     pub sustained_after: u32,
     /// How long those rounds must have been failing, too.
     pub sustained_for: Duration,
+    /// How long a plane's pods may be starting (none of their containers run yet) while its
+    /// sustained push failure is not reported ([`pod_states::START_GRACE`]).
+    pub start_grace: Duration,
     /// This controller's pod, named in its Events.
     pub instance: Option<String>,
     /// The Cloudflare API (tunnel ingress documents).
@@ -334,6 +342,7 @@ impl Default for RuntimeOptions {
             push_timeout: Duration::from_secs(5),
             sustained_after: push::DEFAULT_SUSTAINED_AFTER,
             sustained_for: push::DEFAULT_SUSTAINED_FOR,
+            start_grace: pod_states::START_GRACE,
             instance: None,
             cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
             cloudflare_api_token: None,
@@ -481,6 +490,7 @@ pub async fn run(
             .collect();
         let snapshot = stores.snapshot();
         let watched = stores.plane_objects();
+        let pods = stores.pods.state();
         let unreadable_routes = stores.unreadable_routes();
         let pool = stores
             .pool
@@ -495,7 +505,7 @@ pub async fn run(
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
-            () = reconciler.round(&snapshot, &deployments, pool.as_deref(), &watched, &unreadable_routes) => {
+            () = reconciler.round(&snapshot, &deployments, pool.as_deref(), &watched, &pods, &unreadable_routes) => {
                 health.rounds.inc();
                 health.round_seconds.observe(started.elapsed().as_secs_f64());
                 reconciler.report(&health);
@@ -542,6 +552,8 @@ struct Reconciler {
     recorder: Recorder,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, PushFailure>,
+    /// Planes whose failure is not reported while their pods start, logged as such once.
+    starting_told: HashSet<PlaneKey>,
     /// The pods the last round's pushes left without their plane's config: the next round
     /// comes soon for them ([`schedule`]), as nothing else would start one.
     behind: Vec<(PlaneKey, std::net::SocketAddr)>,
@@ -720,6 +732,10 @@ struct PushFailure {
     /// connector, so the edge hands it none of its tunnel's requests, and the other planes on
     /// the tunnel serve them.
     all_down: bool,
+    /// Its pods (all down) are still being created, within the grace
+    /// ([`RuntimeOptions::start_grace`]): not reported on its routes, nor counted as failing,
+    /// though it serves nothing all the same (for the other planes on its tunnel).
+    starting: bool,
 }
 
 /// A plane as last applied: see [`Reconciler::applied`].
@@ -910,6 +926,7 @@ impl Reconciler {
             options,
             recorder,
             push_failures: HashMap::new(),
+            starting_told: HashSet::new(),
             behind: Vec::new(),
             pruned: Default::default(),
             status_writes: report::StatusWrites::new(Arc::clone(&wake), events),
@@ -974,9 +991,8 @@ impl Reconciler {
     /// The failure counts, for `/metrics`.
     fn report(&self, health: &health::Health) {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        health
-            .push_failing_planes
-            .set(count(self.push_failures.len()));
+        let reported = self.push_failures.values().filter(|f| !f.starting);
+        health.push_failing_planes.set(count(reported.count()));
         health
             .render_failing_gateways
             .set(count(self.render_failures.len()));
@@ -994,6 +1010,7 @@ impl Reconciler {
         deployments: &[Deployment],
         pool: Option<&Deployment>,
         watched: &PlaneObjects,
+        pods: &[Arc<Pod>],
         unreadable_routes: &[UnreadableRoute],
     ) {
         self.take_finished_applies(snapshot);
@@ -1454,27 +1471,68 @@ impl Reconciler {
                     .get_or_create(&label)
                     .inc_by(failed);
             }
+            // What the pods' state says of a plane whose pods are all down, once that is to be
+            // reported: they may only be starting.
+            let states = match planes.get(plane) {
+                Some(info) if outcome.all_down() && outcome.sustained_failure => pod_states::judge(
+                    &info.service.namespace,
+                    &outcome.idle,
+                    pods,
+                    k8s_openapi::jiff::Timestamp::now(),
+                    self.options.start_grace,
+                ),
+                _ => pod_states::PodStates::Unknown,
+            };
             // A pod that serves nothing (see `PlaneOutcome::idle`) fails the plane (metrics,
             // logs), not its routes, which the other pods serve; unless none serves them.
             let serving_failure = outcome.pods.iter().find_map(|(pod, o)| match o {
-                PodOutcome::Failed(r) if outcome.all_down() => Some(format!(
-                    "every pod of the plane is down (its config port refuses connections and \
-                     it is not serving: an image that cannot be pulled, a crash loop); {pod}: {r}"
-                )),
+                PodOutcome::Failed(r) if outcome.all_down() => Some(match states.told() {
+                    Some(told) => format!(
+                        "every pod of the plane is down (its config port refuses connections \
+                         and it is not serving): {told}; {pod}: {r}"
+                    ),
+                    None => format!(
+                        "every pod of the plane is down (its config port refuses connections \
+                         and it is not serving: an image that cannot be pulled, a crash loop); \
+                         {pod}: {r}"
+                    ),
+                }),
                 PodOutcome::Failed(_) if outcome.idle.contains(pod) => None,
                 PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
                 _ => None,
             });
             match serving_failure {
                 Some(reason) if outcome.sustained_failure => {
+                    let starting = match &states {
+                        pod_states::PodStates::Starting { pod, since } => {
+                            if self.starting_told.insert(plane.clone()) {
+                                tracing::info!(
+                                    %plane,
+                                    pod,
+                                    since = ?since,
+                                    grace = ?self.options.start_grace,
+                                    "the plane's pods are still starting; its failed config \
+                                     pushes are not reported on its routes until they have \
+                                     been starting for `grace`"
+                                );
+                            }
+                            true
+                        }
+                        _ => {
+                            self.starting_told.remove(plane);
+                            false
+                        }
+                    };
                     let failure = PushFailure {
                         reason,
                         all_down: outcome.all_down(),
+                        starting,
                     };
                     self.push_failures.insert(plane.clone(), failure);
                 }
                 None => {
                     self.push_failures.remove(plane);
+                    self.starting_told.remove(plane);
                 }
                 Some(_) => {}
             }
@@ -1492,6 +1550,8 @@ impl Reconciler {
             .retain(|plane| output.configs.contains_key(plane));
         self.push_failures
             .retain(|plane, _| output.configs.contains_key(plane));
+        self.starting_told
+            .retain(|plane| output.configs.contains_key(plane));
 
         self.write_statuses(
             snapshot,

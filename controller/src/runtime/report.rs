@@ -1566,7 +1566,8 @@ fn serves_its_tunnel(
 /// the tunnel's requests. Its failure is no other plane's; and its own routes', only while no
 /// other plane on its tunnel serves them ([`serves_its_tunnel`]), as that
 /// one's pods serve them otherwise, reported by its own failure if it has one. The Gateway's
-/// `Programmed` (no ready replica) tells of its pods either way.
+/// `Programmed` (no ready replica) tells of its pods either way. Nor while they are all still
+/// being created, within the grace: that is no fault yet.
 fn push_failed(
     failures: &HashMap<PlaneKey, PushFailure>,
     planes: &BTreeMap<PlaneKey, PlaneInfo>,
@@ -1589,8 +1590,10 @@ fn push_failed(
             })
         };
         let served_by_others = || others().any(|(p, i)| serves_its_tunnel(p, i, planes, failures));
+        // Not while its pods are still starting ([`PushFailure::starting`]).
         let own = failures
             .get_key_value(plane)
+            .filter(|(_, f)| !f.starting)
             .filter(|(_, f)| !f.all_down || !served_by_others());
         match (own, own.is_none().then(peer).flatten()) {
             (Some((by, failure)), _) => {

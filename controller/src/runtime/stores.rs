@@ -3,6 +3,9 @@
 //! CustomResourceDefinitions are watched by metadata only (their schemas are large and unread),
 //! and only Gateway API's are kept.
 //!
+//! The Pods of the rendered planes are watched too, their state only, and may be refused (an
+//! older ClusterRole): nothing waits for them.
+//!
 //! ReferenceGrant, ListenerSet and ServiceImport are read where and as the API server serves
 //! them, which may change while the controller runs ([`optional_apis`](super::optional_apis)):
 //! the CRD watch tells their watches when one of their CRDs changes.
@@ -22,7 +25,7 @@ use gateway_api::experimental::listenersets::ListenerSet;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -62,8 +65,13 @@ pub const CRD_WAIT: Duration = Duration::from_secs(5);
 /// without the kind, as a cluster must not be left with no controller for good.
 pub const LATE_LIST_CAP: Duration = Duration::from_secs(120);
 
-/// The label every rendered object carries; only such Deployments are watched.
+/// The label every rendered object carries, and the pods of rendered Deployments; only such
+/// Deployments and Pods are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
+
+/// The RBAC rule the Pod watch needs, named when it is refused: a ClusterRole from before the
+/// controller read its planes' pods lacks it.
+pub const POD_ACCESS: &str = "list and watch on pods (API group \"\")";
 
 /// Secrets of every type but Helm's release records, which no Gateway, GatewayConfig or
 /// policy names and which hold a release's whole manifest each (up to 1 MiB, one per
@@ -128,6 +136,11 @@ pub struct Stores {
     /// points it at the class tunnel's token: a `helm upgrade` that writes the chart's token
     /// back starts a round that points it again.
     pub pool: Option<Store<Deployment>>,
+    /// The pods of the rendered Deployments, their specs left out: their state tells why a
+    /// plane whose pods are all down takes no config ([`super::pod_states`]). Gates nothing:
+    /// empty while the Pod list is refused (an older ClusterRole), and the push failures are
+    /// then reported without it.
+    pub pods: Store<Pod>,
     /// The rendered NetworkPolicies (likewise put back).
     pub network_policies: Store<NetworkPolicy>,
     /// The rendered autoscalers (likewise put back).
@@ -152,14 +165,33 @@ struct Shared {
 /// CRD) or not permitted (403, an RBAC rule missing). Any other failure (a 5xx, a 429, a
 /// timeout) says nothing of whether objects exist.
 fn failed_as_absent(e: &watcher::Error) -> bool {
-    let absent = |code: u16| code == 404 || code == 403;
+    matches!(failure_code(e), Some(404 | 403))
+}
+
+/// The status the API server answered a failed watch with, if it answered.
+fn failure_code(e: &watcher::Error) -> Option<u16> {
     match e {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => absent(status.code),
-        watcher::Error::WatchError(status) => absent(status.code),
-        _ => false,
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        watcher::Error::WatchError(status) => Some(status.code),
+        _ => None,
     }
+}
+
+/// How a cache's failed watch is logged.
+#[derive(Debug, Clone, Copy)]
+enum Logged {
+    /// Every failed attempt, as a warning.
+    Each,
+    /// Every failed attempt, but a refusal (403) only once while it lasts, naming the RBAC
+    /// rule (`needs`) and what goes without it (`meanwhile`): a kind an older ClusterRole may
+    /// lack, whose refusal is expected there and would otherwise be logged at each retry for
+    /// good.
+    RefusalOnce {
+        needs: &'static str,
+        meanwhile: &'static str,
+    },
 }
 
 /// A GatewayClass watch event, each class with what this build can read of its status: a field
@@ -289,10 +321,24 @@ impl Stores {
             cache(events, Kept::Read, shared, tasks)
         }
         /// Caches `events`, keeping what `kept` says of them (retrying a failed watch with
-        /// backoff, each failure counted and noted as absent or not).
+        /// backoff, each failure counted, noted as absent or not, and logged).
         fn cache<K>(
             events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
             kept: Kept,
+            shared: &Shared,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource + Clone + Debug + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
+            cache_logged(events, kept, Logged::Each, shared, tasks)
+        }
+        /// [`cache`], its failures logged as `logged` says.
+        fn cache_logged<K>(
+            events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+            kept: Kept,
+            logged: Logged,
             shared: &Shared,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
@@ -318,6 +364,8 @@ impl Stores {
                 .reflect(writer);
             tasks.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
+                // A refusal logged, while it lasts (`Logged::RefusalOnce`).
+                let mut refused = false;
                 while let Some(event) = stream.next().await {
                     match event {
                         // A failed watch changes nothing in the cache: no round for it.
@@ -331,9 +379,31 @@ impl Stores {
                                     kinds.remove(&kind)
                                 }
                             });
-                            tracing::warn!(kind, error = %e, "watch failed; retrying");
+                            match logged {
+                                Logged::RefusalOnce { needs, meanwhile }
+                                    if failure_code(&e) == Some(403) =>
+                                {
+                                    if !refused {
+                                        tracing::warn!(
+                                            kind,
+                                            needs,
+                                            error = %e,
+                                            "watch not permitted; retrying without logging \
+                                             each refusal (the controller's RBAC must grant \
+                                             `needs`): {meanwhile}"
+                                        );
+                                    }
+                                    refused = true;
+                                }
+                                _ => tracing::warn!(kind, error = %e, "watch failed; retrying"),
+                            }
                         }
-                        Ok(_) => changed.notify_one(),
+                        Ok(_) => {
+                            if std::mem::take(&mut refused) {
+                                tracing::info!(kind, "watch permitted now");
+                            }
+                            changed.notify_one();
+                        }
                     }
                 }
             });
@@ -392,6 +462,29 @@ impl Stores {
                     future::ready(Ok(readable::<GatewayClass>(event, &unreadable)))
                 });
             cache(events, Kept::Read, &shared, tasks)
+        };
+        // Read as [`watch_each`] reads (a pod this build cannot read is left out, not every
+        // plane's), without their specs: only their state is read, and a pod's spec is most of
+        // it.
+        let pods = {
+            let resource = ApiResource::erase::<Pod>(&());
+            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+            let unreadable = Unreadable::default();
+            let events = watcher(api, all().labels(MANAGED_BY_SELECTOR))
+                .modify(|pod: &mut DynamicObject| {
+                    if let Some(data) = pod.data.as_object_mut() {
+                        data.remove("spec");
+                    }
+                })
+                .try_filter_map(move |event| {
+                    future::ready(Ok(readable::<Pod>(event, &unreadable)))
+                });
+            let logged = Logged::RefusalOnce {
+                needs: POD_ACCESS,
+                meanwhile: "a plane whose pods are all down is reported without what their \
+                            state says, and while they are still starting too",
+            };
+            cache_logged(events, Kept::Read, logged, &shared, tasks)
         };
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
         let unreadable_gateways = Arc::new(Unreadable::default());
@@ -467,6 +560,7 @@ impl Stores {
                     tasks,
                 )
             }),
+            pods,
             network_policies: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
@@ -487,7 +581,7 @@ impl Stores {
     }
 
     /// How many objects each cache holds, by kind (for `/metrics`).
-    pub fn counts(&self) -> [(&'static str, usize); 15] {
+    pub fn counts(&self) -> [(&'static str, usize); 16] {
         [
             ("GatewayClass", self.gateway_classes.state().len()),
             ("Gateway", self.gateways.state().len()),
@@ -501,6 +595,7 @@ impl Stores {
             ("GatewayConfig", self.gateway_configs.state().len()),
             ("Secret", self.secrets.state().len()),
             ("Deployment", self.deployments.state().len()),
+            ("Pod", self.pods.state().len()),
             ("NetworkPolicy", self.network_policies.state().len()),
             ("HorizontalPodAutoscaler", self.autoscalers.state().len()),
             (
@@ -527,8 +622,10 @@ impl Stores {
         }
     }
 
-    /// Waits for the first full list of every cache but the CRDs' and the optional kinds',
-    /// then for those; whether the other caches are filled (false: a watch task stopped first).
+    /// Waits for the first full list of every cache but the CRDs', the optional kinds' and the
+    /// Pods', then for the first two; whether the other caches are filled (false: a watch task
+    /// stopped first). The Pods' is not waited for at all: it only words the push failures,
+    /// which take rounds to come.
     ///
     /// The CRDs gate nothing past `crd_wait` (see [`CRD_WAIT`]): rounds run without them,
     /// their snapshot says they cannot be read, and their first list, whenever it comes,

@@ -8,7 +8,8 @@
 //! written at the version watched); a new Gateway's routes wait for its plane and tunnel
 //! document, unless another plane on its tunnel serves them (a broken one does not); a plane
 //! whose pods are all down is reported on its routes, unless another plane on its tunnel
-//! serves them; other controllers' conditions on our route parents give way to ours at the
+//! serves them, not while they are still being created, and with the reason their containers
+//! wait for once they fail (with a guess where the Pod list is refused); other controllers' conditions on our route parents give way to ours at the
 //! CRD's cap; and a Gateway back from the shared plane is told its render failure again.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -1190,6 +1191,222 @@ async fn a_plane_whose_pods_are_all_down_is_reported_on_its_routes() {
                 .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
         })
         .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The name of the plane's pod in [`plane_pod`].
+const PLANE_POD: &str = "cf-proxy-edge-7c9d5b8f6-q2xkz";
+
+/// tenant-a/edge's plane's pod on 127.0.0.1, where [`config_slice`] lists it, as the kubelet
+/// reports it: Pending, never started, its proxy container waiting for `reason`.
+fn plane_pod(reason: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": PLANE_POD,
+            "namespace": "tenant-a",
+            "labels": {
+                "app.kubernetes.io/managed-by": "cftunnel-controller",
+                "app.kubernetes.io/name": "cftunnel-proxy",
+                "cf.k8s.lex.la/gateway": "edge",
+            },
+        },
+        "spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]},
+        "status": {
+            "phase": "Pending",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "containerStatuses": [{
+                "name": "proxy", "image": "proxy:1", "imageID": "", "ready": false,
+                "restartCount": 0, "started": false,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }],
+        },
+    })
+}
+
+/// Whether `call` reports a push failure: a route status with `ProxyConfigPushed`, or a
+/// `ProxyConfigPushFailed` Event.
+fn push_failure_reported(call: &Call<'_>) -> bool {
+    let condition = call.method == "PATCH"
+        && call.kind == "HTTPRoute"
+        && call.body.to_string().contains(PROXY_CONFIG_PUSHED);
+    let event = call.method == "POST"
+        && call.kind == "Event"
+        && call.body["reason"] == "ProxyConfigPushFailed";
+    condition || event
+}
+
+/// Failed pushes to tenant-a/edge's pods so far, on `/metrics`.
+fn failed_pushes(t: &Tenant) -> u64 {
+    let text = t.health.metrics_text().unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/edge\"} ")
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A plane whose only pod is still being created (its image being pulled) fails its pushes
+/// past the sustained rounds, and nothing is reported: no `ProxyConfigPushed=False`, no
+/// Event. Once the pod's container waits for `ImagePullBackOff`, the route says so, naming the
+/// pod; a pod that takes the config clears it.
+#[tokio::test]
+async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_fail() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (down, _held) = closed_port();
+        let reported = Arc::new(AtomicBool::new(false));
+        let mut watching = None;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod("ContainerCreating", ""));
+                let flag = Arc::clone(&reported);
+                watching = Some(api.forbid(move |c| {
+                    if push_failure_reported(c) {
+                        flag.store(true, Ordering::SeqCst);
+                    }
+                    false
+                }));
+            },
+            ApiServer::client,
+            // The stand-in stamps every object created at 2026-12-01T00:00:00Z: a grace that
+            // long ago keeps the pod starting.
+            |options| options.start_grace = Duration::from_secs(100 * 365 * 86_400),
+        )
+        .await;
+        // Past the sustained rounds (three), and a few rounds' status writes after.
+        eventually("four failed pushes", || {
+            (failed_pushes(&t) >= 4).then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert!(
+            !reported.load(Ordering::SeqCst),
+            "a push failure was reported: {:?}; Events {:?}",
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED),
+            events_about(&t.api, "shop")
+        );
+
+        // The kubelet gives up pulling the image.
+        t.api.put(plane_pod(
+            "ImagePullBackOff",
+            "Back-off pulling image proxy:1",
+        ));
+        let failed = eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["status"], "False");
+        assert_eq!(failed["reason"], "PushFailed");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!(
+                "the proxy pods have not taken the config: every pod of the plane is down (its \
+                 config port refuses connections and it is not serving): pod {PLANE_POD}: \
+                 container proxy is waiting: ImagePullBackOff: Back-off pulling image proxy:1; \
+                 127.0.0.1:{down}: "
+            )),
+            "{message}"
+        );
+        let event = eventually("a ProxyConfigPushFailed Event", || {
+            t.api
+                .list("Event")
+                .into_iter()
+                .find(|e| e["reason"] == "ProxyConfigPushFailed")
+        })
+        .await;
+        let note = event["note"].as_str().unwrap_or_default();
+        assert!(note.contains("ImagePullBackOff"), "{note}");
+
+        let edge = proxy_pod("s3cr3t").await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            edge.admin_addr().port(),
+            false,
+        ));
+        shop_serves(&edge, 200).await;
+        eventually("ProxyConfigPushed gone", || {
+            route_parent(&t.api, "tenant-a", "shop")
+                .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
+        })
+        .await;
+        drop(watching);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The controller's rules without the Pod watch's, as an older chart's ClusterRole grants.
+static WITHOUT_PODS: LazyLock<Vec<Rule>> = LazyLock::new(|| {
+    REQUIRED_RBAC
+        .iter()
+        .copied()
+        .filter(|(group, resource, _)| (*group, *resource) != ("", "pods"))
+        .collect()
+});
+
+/// A controller refused the Pod list runs on without the pods' state: a plane whose pods are
+/// all down is reported after the sustained rounds with the guess at why, though its pod's
+/// container waits for `ImagePullBackOff`.
+#[tokio::test]
+async fn without_the_pod_list_a_plane_whose_pods_are_all_down_is_reported_with_a_guess() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (down, _held) = closed_port();
+        let t = Tenant::start_granted(
+            "replicas: 1",
+            WITHOUT_PODS.as_slice(),
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod(
+                    "ImagePullBackOff",
+                    "Back-off pulling image proxy:1",
+                ));
+            },
+            ApiServer::client,
+            |_| {},
+        )
+        .await;
+        let failed = eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!(
+                "the proxy pods have not taken the config: every pod of the plane is down (its \
+                 config port refuses connections and it is not serving: an image that cannot be \
+                 pulled, a crash loop); 127.0.0.1:{down}: "
+            )),
+            "{message}"
+        );
+        // It was refused, not merely not asked.
+        let refused = t
+            .health
+            .metrics_text()
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("cftunnel_controller_watch_failures_total{kind=\"Pod\"} "))
+            .and_then(|n| n.trim().parse::<u64>().ok());
+        assert!(refused.is_some_and(|n| n >= 1), "{refused:?}");
         t.stop().await;
     })
     .await

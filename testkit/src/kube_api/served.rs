@@ -34,6 +34,7 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "Namespace", group: "", versions: &["v1"], plural: "namespaces", namespaced: false, subresources: &["finalize", "status"] },
     Served { kind: "ConfigMap", group: "", versions: &["v1"], plural: "configmaps", namespaced: true, subresources: &[] },
     Served { kind: "Service", group: "", versions: &["v1"], plural: "services", namespaced: true, subresources: &["status"] },
+    Served { kind: "Pod", group: "", versions: &["v1"], plural: "pods", namespaced: true, subresources: &["status"] },
     Served { kind: "EndpointSlice", group: "discovery.k8s.io", versions: &["v1"], plural: "endpointslices", namespaced: true, subresources: &[] },
     Served { kind: "GatewayConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayconfigs", namespaced: true, subresources: &["status"] },
     Served { kind: "ExternalBackend", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "externalbackends", namespaced: true, subresources: &[] },
@@ -324,8 +325,8 @@ mod tests {
             assert_eq!(plural_of(s.kind), Some(s.plural));
             assert_eq!(kind_of(s.plural), Some(s.kind));
         }
-        assert_eq!(plural_of("Pod"), None);
-        assert_eq!(kind_of("pods"), None);
+        assert_eq!(plural_of("Node"), None);
+        assert_eq!(kind_of("nodes"), None);
     }
 
     #[test]

@@ -261,6 +261,6 @@ mod tests {
             key_of(&namespace).map(|k| (k.0, k.2)),
             Some((String::new(), String::new()))
         );
-        assert_eq!(key_of(&json!({"apiVersion": "v1", "kind": "Pod"})), None);
+        assert_eq!(key_of(&json!({"apiVersion": "v1", "kind": "Node"})), None);
     }
 }
