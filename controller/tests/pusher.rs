@@ -1001,27 +1001,11 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
 #[tokio::test]
 async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
     use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
-    use cftunnel_config::{Match, PathMatch, PathMatchType};
 
     let backend = echo().await;
     let server = proxy().await;
     let pods = [server.admin_addr()];
-    let rule = |pattern: &str, name: &str| Rule {
-        name: Some(name.to_owned()),
-        matches: vec![Match {
-            path: Some(PathMatch {
-                kind: PathMatchType::RegularExpression,
-                value: pattern.to_owned(),
-            }),
-            ..Match::default()
-        }],
-        ..config(
-            backend.http_addr(),
-            &format!("{}.example.com", name.replace('/', "-")),
-        )
-        .rules
-        .remove(0)
-    };
+    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
     let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
     let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
     let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
@@ -1062,26 +1046,10 @@ async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
 #[tokio::test]
 async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
     use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
-    use cftunnel_config::{Match, PathMatch, PathMatchType};
 
     let backend = echo().await;
     let (behind, ahead) = (proxy().await, proxy().await);
-    let rule = |pattern: &str, name: &str| Rule {
-        name: Some(name.to_owned()),
-        matches: vec![Match {
-            path: Some(PathMatch {
-                kind: PathMatchType::RegularExpression,
-                value: pattern.to_owned(),
-            }),
-            ..Match::default()
-        }],
-        ..config(
-            backend.http_addr(),
-            &format!("{}.example.com", name.replace('/', "-")),
-        )
-        .rules
-        .remove(0)
-    };
+    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
     let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
     let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
     // Taken by one pod only; costlier than the rule added next, so that by the older document
@@ -1129,6 +1097,25 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
             .0,
         200
     );
+}
+
+/// A rule named `name` for the host its name makes (`/` as `-`, under `example.com`), whose
+/// path must match the regex `pattern`, served by `backend`.
+fn regex_rule(backend: SocketAddr, pattern: &str, name: &str) -> Rule {
+    use cftunnel_config::{Match, PathMatch, PathMatchType};
+    Rule {
+        name: Some(name.to_owned()),
+        matches: vec![Match {
+            path: Some(PathMatch {
+                kind: PathMatchType::RegularExpression,
+                value: pattern.to_owned(),
+            }),
+            ..Match::default()
+        }],
+        ..config(backend, &format!("{}.example.com", name.replace('/', "-")))
+            .rules
+            .remove(0)
+    }
 }
 
 /// A port in front of `pod` that answers each connection `delay` late.
