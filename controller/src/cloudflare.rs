@@ -761,12 +761,21 @@ pub struct TunnelSync {
     /// When each tunnel's document is next read back; `None`: never
     /// ([`TunnelSync::reading_back`]).
     read_back: Option<ReadBackClock>,
-    /// The reads back outstanding (waiting for a place, or reading), by tunnel. The tracker's
+    /// The reads back outstanding (waiting for a place, or reading), by tunnel. Each is
+    /// tracked under its own number ([`TunnelSync::reads_started`]) rather than a digest, so
+    /// that an end it told ([`TunnelSync::reads_ended`]) is known for its own. The tracker's
     /// wake is its own: a read tells the caller's wake only when it finds a drift.
     read_backs: InFlight<Uuid, ReadBack>,
+    /// Reads back started so far: the last one's number.
+    reads_started: u64,
+    /// The reads back that have ended, by tunnel and number, told before their ends wake
+    /// anyone: a task that has told the wake may not have finished yet, and the call it
+    /// brings waits for it ([`TunnelSync::sync_all`]) rather than miss what it found.
+    reads_ended: Arc<std::sync::Mutex<Vec<(Uuid, u64)>>>,
     /// The places of the reads back that call the API at once ([`CONCURRENT_READ_BACKS`]).
     read_places: Arc<Semaphore>,
-    /// Held by every read back outstanding ([`ReadBatch`]); dangling when none is.
+    /// Held by every read back outstanding ([`ReadBatch`]), and by a call while it starts
+    /// them; dangling when none is.
     read_batch: Weak<ReadBatch>,
     /// The wake calls are told of ([`TunnelSync::waiting_at_most`]).
     wake: Option<Arc<Notify>>,
@@ -776,8 +785,9 @@ pub struct TunnelSync {
 
 /// A tunnel's document read back, as the task that read it leaves it.
 struct ReadBack {
-    /// Who wrote the document it was compared with (that document's digest is the task's).
+    /// Who wrote the document it was compared with, and that document's digest.
     writer: WriterKey,
+    digest: Vec<u8>,
     /// What the tunnel carries now, and how that differs from what was written; or why it
     /// could not be read.
     found: Result<(Carried, Option<Drift>), String>,
@@ -799,9 +809,10 @@ const MAX_READ_BACK_PERIODS: u32 = 12;
 /// Steps of a tunnel's share of the period ([`jitter`]).
 const JITTER_STEPS: u32 = 1000;
 
-/// Held by every read back outstanding, one for all of them: the last to end tells the wake
-/// when due reads were left for lack of room meanwhile, so the call it brings starts them.
-/// One wake for a batch of reads, where one per read would run a round for each.
+/// Held by every read back outstanding, one for all of them, and by a call while it starts
+/// them: the last to let go tells the wake when due reads were left for lack of room
+/// meanwhile, so the call it brings starts them. One wake for a batch of reads, where one per
+/// read would run a round for each.
 struct ReadBatch {
     wake: Option<Arc<Notify>>,
     /// Due reads were left unstarted.
@@ -892,6 +903,14 @@ impl ReadBackClock {
     /// be told).
     fn next(&self, tunnel: &Uuid) -> Option<Instant> {
         self.last.get(tunnel)?.checked_add(self.wait(tunnel))
+    }
+
+    /// When the tunnel's document falls due if the read back of it running finds it as
+    /// written: a period and its share after that read started, however many reads before
+    /// found it changed ([`ReadBackClock::held`]).
+    fn next_if_held(&self, tunnel: &Uuid) -> Option<Instant> {
+        let wait = self.period.saturating_add(jitter(self.period, tunnel));
+        self.last.get(tunnel)?.checked_add(wait)
     }
 
     /// Forgets the tunnels `keep` does not keep.
@@ -988,6 +1007,8 @@ impl TunnelSync {
             wait: None,
             read_back: None,
             read_backs: InFlight::new(OUTSTANDING_READ_BACKS, Arc::new(Notify::new())),
+            reads_started: 0,
+            reads_ended: Arc::default(),
             read_places: Arc::new(Semaphore::new(CONCURRENT_READ_BACKS)),
             read_batch: Weak::new(),
             wake: None,
@@ -1024,8 +1045,9 @@ impl TunnelSync {
     /// After a read that found the document changed, the next waits twice as long, doubling
     /// with each such read in a row up to 12 periods: something else that keeps writing the
     /// tunnel would otherwise have its document and the controller's replace each other every
-    /// period. A read that finds the document as written, or another document written by the
-    /// controller, starts again from one period.
+    /// period. A read that finds the document as written starts again from one period (the
+    /// next read comes a period after it started), and so does another document written by the
+    /// controller.
     ///
     /// Only tunnels with one writer in a call are read: two writers of one tunnel would each
     /// find the other's document and write theirs again at every period.
@@ -1076,7 +1098,18 @@ impl TunnelSync {
         let deadline = self.wait.map(|wait| Instant::now() + wait);
         let done = self.writes.finished();
         let mut wrote = self.settle(done);
-        let read = self.read_backs.finished();
+        // Reads that have ended are waited for (their tasks are returning), so that a call
+        // their wake brings takes in what they found.
+        let ended: Vec<Uuid> = self
+            .reads_ended
+            .lock()
+            .map(|mut ended| std::mem::take(&mut *ended))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(tunnel, n)| self.read_backs.running(tunnel) == Some(&n.to_be_bytes()[..]))
+            .map(|(tunnel, _)| tunnel)
+            .collect();
+        let read = self.read_backs.finished_by(&ended, deadline).await;
         self.settle_read_backs(&api.calls, read);
         let asked: Vec<(TunnelTarget, Value, WriterKey, Vec<u8>)> = work
             .into_iter()
@@ -1241,6 +1274,16 @@ impl TunnelSync {
         let now = Instant::now();
         let mut next: Option<Instant> = None;
         let mut left = false;
+        // Held until the loop ends: reads it starts may all end before then, and the last
+        // holder must see whether due ones were left.
+        let batch = self.read_batch.upgrade().unwrap_or_else(|| {
+            let batch = Arc::new(ReadBatch {
+                wake: self.wake.clone(),
+                left: AtomicBool::new(false),
+            });
+            self.read_batch = Arc::downgrade(&batch);
+            batch
+        });
         for (target, document, key, digest) in asked {
             // A document not written yet, or being written, is not read: the write's end
             // brings the next call.
@@ -1251,15 +1294,20 @@ impl TunnelSync {
                 continue;
             }
             // The timer is for the next read of each, one running included: its end, finding
-            // nothing, wakes nobody.
-            let mut fall_due = |clock: &ReadBackClock| {
-                if let Some(at) = clock.next(&target.tunnel).filter(|at| *at > now) {
+            // the document as written, wakes nobody, and the next read comes a period after it
+            // started, whatever drifts came before. One that finds a drift wakes the caller
+            // itself; after one that fails, the call the timer brings sets it again.
+            let mut fall_due = |at: Option<Instant>| {
+                if let Some(at) = at.filter(|at| *at > now) {
                     next = Some(next.map_or(at, |n| n.min(at)));
                 }
             };
-            if self.read_backs.running(&target.tunnel).is_some() || !clock.due(&target.tunnel, now)
-            {
-                fall_due(clock);
+            if self.read_backs.running(&target.tunnel).is_some() {
+                fall_due(clock.next_if_held(&target.tunnel));
+                continue;
+            }
+            if !clock.due(&target.tunnel, now) {
+                fall_due(clock.next(&target.tunnel));
                 continue;
             }
             if self.read_backs.is_full() {
@@ -1267,21 +1315,15 @@ impl TunnelSync {
                 continue;
             }
             clock.reset(target.tunnel, now);
-            fall_due(clock);
-            let batch = match self.read_batch.upgrade() {
-                Some(batch) => batch,
-                None => {
-                    let batch = Arc::new(ReadBatch {
-                        wake: self.wake.clone(),
-                        left: AtomicBool::new(false),
-                    });
-                    self.read_batch = Arc::downgrade(&batch);
-                    batch
-                }
-            };
+            fall_due(clock.next_if_held(&target.tunnel));
+            let batch = Arc::clone(&batch);
+            self.reads_started += 1;
+            let n = self.reads_started;
+            let ended = Arc::clone(&self.reads_ended);
             let api = api.clone();
             let target = target.clone();
             let writer = key.clone();
+            let digest = digest.clone();
             let written = Carried::of_document(document);
             let places = Arc::clone(&self.read_places);
             let wake = self.wake.clone();
@@ -1298,23 +1340,30 @@ impl TunnelSync {
                     Ok((found, drift))
                 }
                 .await;
+                if let Ok(mut ended) = ended.lock() {
+                    ended.push((target.tunnel, n));
+                }
                 if matches!(found, Ok((_, Some(_)))) {
                     if let Some(wake) = &wake {
                         wake.notify_one();
                     }
                 }
                 drop(batch);
-                ReadBack { writer, found }
+                ReadBack {
+                    writer,
+                    digest,
+                    found,
+                }
             }
             .instrument(tracing::Span::current());
-            self.read_backs.start(key.0, digest.clone(), read);
+            self.read_backs.start(key.0, n.to_be_bytes().to_vec(), read);
         }
-        // Due reads left wait for the end of those outstanding, all of them: one wake then.
+        // Due reads left wait for the end of those outstanding, all of them: one wake then,
+        // at once if all have ended already.
         if left {
-            if let Some(batch) = self.read_batch.upgrade() {
-                batch.left.store(true, Ordering::Relaxed);
-            }
+            batch.left.store(true, Ordering::Relaxed);
         }
+        drop(batch);
         let kept = self
             .alarm
             .as_ref()
@@ -1329,9 +1378,14 @@ impl TunnelSync {
     /// Takes in finished reads back: a document that no longer carries what was written is
     /// written again by this call.
     fn settle_read_backs(&mut self, calls: &ApiCalls, done: Vec<Finished<Uuid, ReadBack>>) {
-        for (tunnel, digest, outcome) in done {
+        for (tunnel, _, outcome) in done {
             // A read that panicked tells nothing; the next period reads again.
-            let Some(ReadBack { writer, found }) = outcome else {
+            let Some(ReadBack {
+                writer,
+                digest,
+                found,
+            }) = outcome
+            else {
                 continue;
             };
             // Written again since, or forgotten: the read compared another document.
@@ -1609,6 +1663,8 @@ mod tests {
         assert_eq!(clock.drifted(a, b"doc"), 2);
         clock.wrote(a, b"doc", t0 + s(1000));
         assert_eq!(clock.next(&a), Some(t0 + s(1000 + 1200) + late));
+        // A read running then that finds it as written: due a period after it started.
+        assert_eq!(clock.next_if_held(&a), Some(t0 + s(1000 + 300) + late));
         // Found as written: a period again.
         clock.held(&a);
         assert_eq!(clock.next(&a), Some(t0 + s(1000 + 300) + late));

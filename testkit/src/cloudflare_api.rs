@@ -42,6 +42,8 @@ struct State {
     puts: usize,
     /// When each `PUT` arrived and was answered, in order.
     put_events: Vec<PutEvent>,
+    /// When each `GET` of a configuration was answered with one, in order.
+    config_reads: Vec<std::time::Instant>,
 }
 
 /// A moment in a `PUT`'s life, the `PUT` numbered from 1 in the order they arrived.
@@ -218,13 +220,20 @@ fn handle(
         };
     }
     match method {
-        Method::GET => match state.configs.get(&(account.clone(), tunnel.clone())) {
-            Some((version, config)) => envelope(
-                StatusCode::OK,
-                true,
-                json!([]),
-                json!({"tunnel_id": tunnel, "account_id": account, "version": version, "config": config, "source": "cloudflare"}),
-            ),
+        Method::GET => match state
+            .configs
+            .get(&(account.clone(), tunnel.clone()))
+            .cloned()
+        {
+            Some((version, config)) => {
+                state.config_reads.push(std::time::Instant::now());
+                envelope(
+                    StatusCode::OK,
+                    true,
+                    json!([]),
+                    json!({"tunnel_id": tunnel, "account_id": account, "version": version, "config": config, "source": "cloudflare"}),
+                )
+            }
             None => refuse(StatusCode::NOT_FOUND, 1003, "Configuration not found"),
         },
         Method::PUT => {
@@ -395,6 +404,11 @@ impl CloudflareApi {
     /// When each `PUT` so far arrived and was answered, in order.
     pub fn put_events(&self) -> Vec<PutEvent> {
         self.state.lock().expect("state").put_events.clone()
+    }
+
+    /// When each `GET` of a tunnel's configuration so far was answered with one, in order.
+    pub fn config_reads(&self) -> Vec<std::time::Instant> {
+        self.state.lock().expect("state").config_reads.clone()
     }
 }
 
