@@ -418,3 +418,66 @@ async fn a_refused_pod_list_holds_up_nothing() {
     .await
     .expect("in time");
 }
+
+/// A plane pod's changes (each step of its start, each retry the kubelet reports) start no
+/// round: the Pod cache notifies nothing, while the other caches' changes do.
+#[tokio::test]
+async fn a_pods_changes_start_no_round() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        let plane = "{app.kubernetes.io/managed-by: cftunnel-controller}";
+        api.put(pod("cf-proxy-edge-abc", plane));
+        let changed = Arc::new(Notify::new());
+        let mut tasks = JoinSet::new();
+        let stores = Stores::start(
+            &api.client(),
+            ApiDiscovery::default(),
+            None,
+            Arc::clone(&changed),
+            &Health::default(),
+            &mut tasks,
+        );
+        assert!(stores.wait_until_ready(Duration::from_secs(1)).await);
+        let phase = |stores: &Stores| {
+            let pods = stores.pods.state();
+            pods.first()
+                .and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.clone())
+        };
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        while phase(&stores).is_none() {
+            assert!(std::time::Instant::now() < by, "the pod is not listed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The first lists' notifications, taken until none comes for a while.
+        while tokio::time::timeout(Duration::from_millis(500), changed.notified())
+            .await
+            .is_ok()
+        {}
+
+        let mut running = pod("cf-proxy-edge-abc", plane);
+        running["status"]["phase"] = "Running".into();
+        api.put(running);
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        while phase(&stores).as_deref() != Some("Running") {
+            assert!(std::time::Instant::now() < by, "the change is not seen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let notified = tokio::time::timeout(Duration::from_millis(500), changed.notified()).await;
+        assert!(notified.is_err(), "the pod's change started a round");
+
+        // Another cache's change does.
+        api.put(yaml(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: tenant-a, labels: {changed: \"yes\"}}\nspec:\n  ports: [{port: 80}]\n",
+        ));
+        tokio::time::timeout(Duration::from_secs(5), changed.notified())
+            .await
+            .expect("a Service's change starts a round");
+    })
+    .await
+    .expect("in time");
+}

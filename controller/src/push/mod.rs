@@ -83,6 +83,11 @@ pub struct PlaneOutcome {
     /// `failed_rounds` reached the threshold, over the time the pusher asks for: report it
     /// (`ProxyConfigPushed=False`), a one-off blip (or a pod starting) does not.
     pub sustained_failure: bool,
+    /// How long the plane's current run of failed rounds has lasted, this one included
+    /// (zero when this round failed nothing): pods all still being created are judged by it
+    /// as well as by their age, so pods replaced before they start do not keep a lasting
+    /// failure unreported.
+    pub failing_for: Duration,
     /// How long the plane's pushes took this round, all pods and re-pushes included.
     pub duration: std::time::Duration,
     /// Returned before: the plane's next push still runs, and this is the last one's outcome
@@ -275,6 +280,7 @@ impl Pusher {
                 refused: Vec::new(),
                 failed_rounds: 0,
                 sustained_failure: false,
+                failing_for: Duration::ZERO,
                 duration: std::time::Duration::ZERO,
                 repeated: false,
                 stale: false,

@@ -483,6 +483,10 @@ fn finish(
         refused: Vec::new(),
         failed_rounds: state.failed_rounds,
         sustained_failure: state.failed_rounds >= sustained.rounds && lasted,
+        failing_for: state
+            .failing_since
+            .map(|since| since.elapsed())
+            .unwrap_or_default(),
         duration: std::time::Duration::ZERO,
         repeated: false,
         stale: false,

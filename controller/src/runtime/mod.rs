@@ -304,8 +304,9 @@ pub struct RuntimeOptions {
     pub sustained_after: u32,
     /// How long those rounds must have been failing, too.
     pub sustained_for: Duration,
-    /// How long a plane's pods may be starting (none of their containers run yet) while its
-    /// sustained push failure is not reported ([`pod_states::START_GRACE`]).
+    /// How long a plane's pods may be starting (none of their containers run yet), and its
+    /// pushes failing, while its sustained push failure is not reported
+    /// ([`pod_states::START_GRACE`]).
     pub start_grace: Duration,
     /// This controller's pod, named in its Events.
     pub instance: Option<String>,
@@ -733,8 +734,9 @@ struct PushFailure {
     /// the tunnel serve them.
     all_down: bool,
     /// Its pods (all down) are still being created, within the grace
-    /// ([`RuntimeOptions::start_grace`]): not reported on its routes, nor counted as failing,
-    /// though it serves nothing all the same (for the other planes on its tunnel).
+    /// ([`RuntimeOptions::start_grace`]), and its failure has not been reported in this run
+    /// ([`pod_states::PodStates::Starting`]): not reported on its routes, nor counted as
+    /// failing, though it serves nothing all the same (for the other planes on its tunnel).
     starting: bool,
 }
 
@@ -1472,15 +1474,23 @@ impl Reconciler {
                     .inc_by(failed);
             }
             // What the pods' state says of a plane whose pods are all down, once that is to be
-            // reported: they may only be starting.
+            // reported: they may only be starting. A failure reported in this run of failures
+            // (the plane's entry is not `starting`) stays reported until a push succeeds.
             let states = match planes.get(plane) {
-                Some(info) if outcome.all_down() && outcome.sustained_failure => pod_states::judge(
-                    &info.service.namespace,
-                    &outcome.idle,
-                    pods,
-                    k8s_openapi::jiff::Timestamp::now(),
-                    self.options.start_grace,
-                ),
+                Some(info) if outcome.all_down() && outcome.sustained_failure => {
+                    let run = pod_states::FailureRun {
+                        failing_for: outcome.failing_for,
+                        reported: self.push_failures.get(plane).is_some_and(|f| !f.starting),
+                        grace: self.options.start_grace,
+                    };
+                    pod_states::judge(
+                        &info.service.namespace,
+                        &outcome.idle,
+                        pods,
+                        k8s_openapi::jiff::Timestamp::now(),
+                        run,
+                    )
+                }
                 _ => pod_states::PodStates::Unknown,
             };
             // A pod that serves nothing (see `PlaneOutcome::idle`) fails the plane (metrics,
@@ -1510,10 +1520,11 @@ impl Reconciler {
                                     %plane,
                                     pod,
                                     since = ?since,
+                                    failing_for = ?outcome.failing_for,
                                     grace = ?self.options.start_grace,
                                     "the plane's pods are still starting; its failed config \
-                                     pushes are not reported on its routes until they have \
-                                     been starting for `grace`"
+                                     pushes are not reported on its routes until the first \
+                                     pod has been starting, or the pushes failing, for `grace`"
                                 );
                             }
                             true

@@ -4,7 +4,7 @@
 //! and only Gateway API's are kept.
 //!
 //! The Pods of the rendered planes are watched too, their state only, and may be refused (an
-//! older ClusterRole): nothing waits for them.
+//! older ClusterRole): nothing waits for them, and their changes start no round.
 //!
 //! ReferenceGrant, ListenerSet and ServiceImport are read where and as the API server serves
 //! them, which may change while the controller runs ([`optional_apis`](super::optional_apis)):
@@ -139,7 +139,7 @@ pub struct Stores {
     /// The pods of the rendered Deployments, their specs left out: their state tells why a
     /// plane whose pods are all down takes no config ([`super::pod_states`]). Gates nothing:
     /// empty while the Pod list is refused (an older ClusterRole), and the push failures are
-    /// then reported without it.
+    /// then reported without it. Nor does a change of it start a round.
     pub pods: Store<Pod>,
     /// The rendered NetworkPolicies (likewise put back).
     pub network_policies: Store<NetworkPolicy>,
@@ -153,7 +153,8 @@ pub struct Stores {
 
 /// What every cache's task reports to.
 struct Shared {
-    /// Notified on each event, including the first list.
+    /// Notified on each event of every cache that wakes rounds ([`Wakes::Rounds`]), including
+    /// the first list.
     changed: Arc<Notify>,
     /// Failed attempts of each kind's watch (`/metrics`).
     failures: Family<WatchLabel, Counter>,
@@ -192,6 +193,18 @@ enum Logged {
         needs: &'static str,
         meanwhile: &'static str,
     },
+}
+
+/// Whether a cache's events start a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wakes {
+    /// Each one notifies [`Shared::changed`].
+    Rounds,
+    /// None does: a cache that only words what rounds report, read by the rounds something
+    /// else starts. The Pods': the kubelet updates a pod's status at each step of its start
+    /// and each retry of a failing container, and a plane whose push fails already has rounds
+    /// retrying it ([`super::schedule`]).
+    Nothing,
 }
 
 /// A GatewayClass watch event, each class with what this build can read of its status: a field
@@ -273,9 +286,9 @@ enum Kept {
 
 impl Stores {
     /// Starts a watch per kind, the optional APIs' at what `discovery` finds served
-    /// ([`optional_apis`]); each event, including the first list, notifies `changed`, and each
-    /// failed attempt of a watch counts in `health`'s watch failures. The tasks stop when
-    /// `tasks` is dropped.
+    /// ([`optional_apis`]); each event, including the first list, notifies `changed` (but the
+    /// Pods', which start no round), and each failed attempt of a watch counts in `health`'s
+    /// watch failures. The tasks stop when `tasks` is dropped.
     pub fn start(
         client: &Client,
         discovery: ApiDiscovery,
@@ -332,13 +345,15 @@ impl Stores {
             K: Resource + Clone + Debug + Send + Sync + 'static,
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
-            cache_logged(events, kept, Logged::Each, shared, tasks)
+            cache_logged(events, kept, Logged::Each, Wakes::Rounds, shared, tasks)
         }
-        /// [`cache`], its failures logged as `logged` says.
+        /// [`cache`], its failures logged as `logged` says, its events starting rounds as
+        /// `wakes` says.
         fn cache_logged<K>(
             events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
             kept: Kept,
             logged: Logged,
+            wakes: Wakes,
             shared: &Shared,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
@@ -402,7 +417,9 @@ impl Stores {
                             if std::mem::take(&mut refused) {
                                 tracing::info!(kind, "watch permitted now");
                             }
-                            changed.notify_one();
+                            if wakes == Wakes::Rounds {
+                                changed.notify_one();
+                            }
                         }
                     }
                 }
@@ -484,7 +501,7 @@ impl Stores {
                 meanwhile: "a plane whose pods are all down is reported without what their \
                             state says, and while they are still starting too",
             };
-            cache_logged(events, Kept::Read, logged, &shared, tasks)
+            cache_logged(events, Kept::Read, logged, Wakes::Nothing, &shared, tasks)
         };
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
         let unreadable_gateways = Arc::new(Unreadable::default());

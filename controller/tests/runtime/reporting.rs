@@ -1203,11 +1203,16 @@ const PLANE_POD: &str = "cf-proxy-edge-7c9d5b8f6-q2xkz";
 /// tenant-a/edge's plane's pod on 127.0.0.1, where [`config_slice`] lists it, as the kubelet
 /// reports it: Pending, never started, its proxy container waiting for `reason`.
 fn plane_pod(reason: &str, message: &str) -> Value {
+    plane_pod_named(PLANE_POD, reason, message)
+}
+
+/// [`plane_pod`], named `name`: the pod that replaces it.
+fn plane_pod_named(name: &str, reason: &str, message: &str) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": PLANE_POD,
+            "name": name,
             "namespace": "tenant-a",
             "labels": {
                 "app.kubernetes.io/managed-by": "cftunnel-controller",
@@ -1252,10 +1257,21 @@ fn failed_pushes(t: &Tenant) -> u64 {
         .unwrap_or(0)
 }
 
+/// `cftunnel_controller_push_failing_planes` on `/metrics`.
+fn failing_planes(t: &Tenant) -> Option<u64> {
+    let text = t.health.metrics_text().ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cftunnel_controller_push_failing_planes "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 /// A plane whose only pod is still being created (its image being pulled) fails its pushes
 /// past the sustained rounds, and nothing is reported: no `ProxyConfigPushed=False`, no
 /// Event. Once the pod's container waits for `ImagePullBackOff`, the route says so, naming the
-/// pod; a pod that takes the config clears it.
+/// pod and its image, and says the same while the kubelet retries (`ErrImagePull`, another
+/// message); the pod replaced by one being created again, the route stays reported, with no
+/// second Event; a pod that takes the config clears it. `cftunnel_controller_push_failing_planes`
+/// counts the plane from its first report on, not before.
 #[tokio::test]
 async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_fail() {
     tokio::time::timeout(Duration::from_secs(90), async {
@@ -1298,6 +1314,8 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
             route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED),
             events_about(&t.api, "shop")
         );
+        // Nor counted as failing.
+        assert_eq!(failing_planes(&t), Some(0));
 
         // The kubelet gives up pulling the image.
         t.api.put(plane_pod(
@@ -1315,7 +1333,7 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
             message.starts_with(&format!(
                 "the proxy pods have not taken the config: every pod of the plane is down (its \
                  config port refuses connections and it is not serving): pod {PLANE_POD}: \
-                 container proxy is waiting: ImagePullBackOff: Back-off pulling image proxy:1; \
+                 container proxy cannot pull image proxy:1 (ImagePullBackOff); \
                  127.0.0.1:{down}: "
             )),
             "{message}"
@@ -1329,6 +1347,54 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
         .await;
         let note = event["note"].as_str().unwrap_or_default();
         assert!(note.contains("ImagePullBackOff"), "{note}");
+        eventually("the plane counted as failing", || {
+            (failing_planes(&t) == Some(1)).then_some(())
+        })
+        .await;
+
+        // The kubelet retries the pull: the route says the same.
+        t.api.put(plane_pod(
+            "ErrImagePull",
+            "rpc error: code = NotFound desc = failed to pull and unpack image \"proxy:1\"",
+        ));
+        t.rounds(3, Duration::from_millis(300)).await;
+        let again = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+        assert_eq!(
+            again.as_ref().and_then(|c| c["message"].as_str()),
+            Some(message),
+            "{again:?}"
+        );
+
+        // The pod is replaced by one being created: pushes still fail, so the route stays
+        // reported, now saying so, with no second Event.
+        assert!(t.api.delete("v1", "Pod", "tenant-a", PLANE_POD));
+        let replacement = "cf-proxy-edge-7c9d5b8f6-r8wtn";
+        t.api
+            .put(plane_pod_named(replacement, "ContainerCreating", ""));
+        let recreated = eventually("the route told the pods are created again", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["message"].as_str().is_some_and(|m| {
+                    m.contains(&format!(
+                        "its pods are being created again (pod {replacement}: ContainerCreating)"
+                    ))
+                })
+            })
+        })
+        .await;
+        assert_eq!(recreated["status"], "False");
+        t.rounds(3, Duration::from_millis(300)).await;
+        let still = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+        assert_eq!(
+            still.as_ref().map(|c| &c["message"]),
+            Some(&recreated["message"])
+        );
+        assert_eq!(failing_planes(&t), Some(1));
+        assert_eq!(
+            times_told(&t.api, "shop", "ProxyConfigPushFailed"),
+            1,
+            "{:?}",
+            events_about(&t.api, "shop")
+        );
 
         let edge = proxy_pod("s3cr3t").await;
         t.api.put(config_slice(
@@ -1344,6 +1410,68 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
         })
         .await;
         drop(watching);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A plane whose only pod stays `ContainerCreating` past the grace (a few seconds here; the
+/// stand-in stamps the pod days ago) is reported, and counted in
+/// `cftunnel_controller_push_failing_planes`, in words that do not change from round to round
+/// (no count of how long), with one Event.
+#[tokio::test]
+async fn a_plane_whose_pods_stay_created_past_the_grace_is_reported_in_words_that_stay() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (down, _held) = closed_port();
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod("ContainerCreating", ""));
+            },
+            ApiServer::client,
+            |options| options.start_grace = Duration::from_secs(5),
+        )
+        .await;
+        let failed = eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["reason"], "PushFailed");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!(
+                "the proxy pods have not taken the config: every pod of the plane is down (its \
+                 config port refuses connections and it is not serving): its pods have been \
+                 starting for more than 5 seconds (pod {PLANE_POD}: ContainerCreating); \
+                 127.0.0.1:{down}: "
+            )),
+            "{message}"
+        );
+        eventually("the plane counted as failing", || {
+            (failing_planes(&t) == Some(1)).then_some(())
+        })
+        .await;
+        // Rounds later, it says the same, and was told once.
+        t.rounds(3, Duration::from_millis(300)).await;
+        let again = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+        assert_eq!(
+            again.as_ref().and_then(|c| c["message"].as_str()),
+            Some(message),
+            "{again:?}"
+        );
+        assert_eq!(
+            times_told(&t.api, "shop", "ProxyConfigPushFailed"),
+            1,
+            "{:?}",
+            events_about(&t.api, "shop")
+        );
         t.stop().await;
     })
     .await
