@@ -1100,17 +1100,27 @@ impl TunnelSync {
         let mut wrote = self.settle(done);
         // Reads that have ended are waited for (their tasks are returning), so that a call
         // their wake brings takes in what they found.
-        let ended: Vec<Uuid> = self
+        let ended: Vec<(Uuid, u64)> = self
             .reads_ended
             .lock()
             .map(|mut ended| std::mem::take(&mut *ended))
             .unwrap_or_default()
             .into_iter()
             .filter(|(tunnel, n)| self.read_backs.running(tunnel) == Some(&n.to_be_bytes()[..]))
-            .map(|(tunnel, _)| tunnel)
             .collect();
-        let read = self.read_backs.finished_by(&ended, deadline).await;
+        let tunnels: Vec<Uuid> = ended.iter().map(|(tunnel, _)| *tunnel).collect();
+        let read = self.read_backs.finished_by(&tunnels, deadline).await;
         self.settle_read_backs(&api.calls, read);
+        // Those the deadline cut short stay listed for the next call.
+        let unread: Vec<(Uuid, u64)> = ended
+            .into_iter()
+            .filter(|(tunnel, n)| self.read_backs.running(tunnel) == Some(&n.to_be_bytes()[..]))
+            .collect();
+        if !unread.is_empty() {
+            if let Ok(mut listed) = self.reads_ended.lock() {
+                listed.extend(unread);
+            }
+        }
         let asked: Vec<(TunnelTarget, Value, WriterKey, Vec<u8>)> = work
             .into_iter()
             .map(|(target, document)| {
