@@ -820,12 +820,7 @@ async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
         assert_eq!(cloudflare.writes(), writes + 2, "the edit and the write");
         let b = ["b.example.com".to_owned()];
         assert!(sync.landed(&target.tunnel).is_some_and(|l| l.carries(&b)));
-        let mut metrics = String::new();
-        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
-        assert!(
-            metrics.contains("cloudflare_tunnel_document_drifts_total 1\n"),
-            "{metrics}"
-        );
+        assert_eq!(drifts(&registry), 1, "drifts counted");
     })
     .await
     .expect("in time");
@@ -1015,12 +1010,7 @@ async fn a_tunnel_read_back_that_finds_no_drift_wakes_nothing() {
             );
         }
         assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
-        let mut metrics = String::new();
-        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
-        assert!(
-            metrics.contains("cloudflare_tunnel_document_drifts_total 0\n"),
-            "{metrics}"
-        );
+        assert_eq!(drifts(&registry), 0, "drifts counted");
     })
     .await
     .expect("in time");
@@ -1144,6 +1134,16 @@ async fn reads_back_beyond_64_start_once_those_outstanding_end() {
     })
     .await
     .expect("in time");
+}
+
+/// The tunnel documents `registry`'s client found changed elsewhere.
+fn drifts(registry: &prometheus_client::registry::Registry) -> u64 {
+    let mut metrics = String::new();
+    prometheus_client::encoding::text::encode(&mut metrics, registry).expect("encoded");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("cloudflare_tunnel_document_drifts_total "))
+        .map_or(0, |n| n.parse().expect("a count"))
 }
 
 /// Reads back of `registry`'s client that failed without a request, the API token waiting out
@@ -1291,12 +1291,7 @@ async fn a_tunnel_changed_elsewhere_again_and_again_is_read_back_less_often() {
             "read again {after:?} after the read that found the document as written, not a period"
         );
         assert_eq!(cloudflare.put_events().len(), puts, "nothing written");
-        let mut metrics = String::new();
-        prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
-        assert!(
-            metrics.contains("cloudflare_tunnel_document_drifts_total 2\n"),
-            "{metrics}"
-        );
+        assert_eq!(drifts(&registry), 2, "drifts counted");
     })
     .await
     .expect("in time");
@@ -1363,12 +1358,7 @@ async fn a_read_back_under_way_as_the_document_is_written_changes_nothing() {
             let landed = sync.landed(&target.tunnel).expect("landed");
             assert!(landed.carries(&["d.example.com".to_owned()]));
             assert!(!landed.carries(&["b.example.com".to_owned()]));
-            let mut metrics = String::new();
-            prometheus_client::encoding::text::encode(&mut metrics, &registry).expect("encoded");
-            assert!(
-                metrics.contains("cloudflare_tunnel_document_drifts_total 0\n"),
-                "{metrics}"
-            );
+            assert_eq!(drifts(&registry), 0, "drifts counted");
         })
         .await
         .unwrap_or_else(|_| panic!("in time (reads only: {reads_only})"));
