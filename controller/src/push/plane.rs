@@ -465,10 +465,7 @@ fn finish(
         || pods
             .iter()
             .any(|(pod, o)| matches!(o, PodOutcome::Failed(_)) && !idle.contains(pod));
-    // A round with no pod listed (one replaced, its successor not scheduled yet) reached none:
-    // it neither ends a run of failures nor lengthens it.
-    if pods.is_empty() {
-    } else if failed {
+    if failed {
         state.failed_rounds = state.failed_rounds.saturating_add(1);
         state
             .failing_since

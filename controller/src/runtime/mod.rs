@@ -1541,9 +1541,6 @@ impl Reconciler {
                     };
                     self.push_failures.insert(plane.clone(), failure);
                 }
-                // No pod listed: nothing was pushed, so a failure told stays until a push
-                // reaches the pods.
-                None if outcome.pods.is_empty() => {}
                 None => {
                     self.push_failures.remove(plane);
                     self.starting_told.remove(plane);
