@@ -35,6 +35,10 @@ pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
 /// rounds follow changes anywhere in the cluster, so a pod that takes seconds to start can
 /// fail several rounds within a second.
 pub const DEFAULT_SUSTAINED_FOR: Duration = Duration::from_secs(30);
+/// How long rounds with no pod listed keep a plane's run of failed pushes going, by default:
+/// long enough for a replaced pod's successor to be scheduled and listed, short enough that a
+/// plane scaled to zero stops being reported soon.
+pub const DEFAULT_PODLESS_KEEP: Duration = Duration::from_secs(60);
 /// How long a round waits for the pushes it starts before it goes on without them: pushes
 /// to pods that answer take milliseconds.
 pub const ROUND_WAIT: Duration = Duration::from_secs(1);
@@ -78,7 +82,9 @@ pub struct PlaneOutcome {
     /// Rules left out because a pod refused them (this round or, while its pods are the same,
     /// an earlier one).
     pub refused: Vec<RefusedRule>,
-    /// Rounds in a row, this one included, in which some pod failed.
+    /// Rounds in a row, this one included, in which some pod failed; rounds with no pod
+    /// listed between them neither count nor break the run, for a while
+    /// ([`Pusher::keeping_runs_without_pods`]).
     pub failed_rounds: u32,
     /// `failed_rounds` reached the threshold, over the time the pusher asks for: report it
     /// (`ProxyConfigPushed=False`), a one-off blip (or a pod starting) does not.
@@ -234,6 +240,7 @@ impl Pusher {
             sustained: Sustained {
                 rounds: sustained_after.max(1),
                 lasting: Duration::ZERO,
+                podless: DEFAULT_PODLESS_KEEP,
             },
             wait: None,
             wake: None,
@@ -243,6 +250,13 @@ impl Pusher {
     /// A failure counts as sustained only once its failed rounds have lasted `lasting` too.
     pub fn failing_for(mut self, lasting: Duration) -> Self {
         self.sustained.lasting = lasting;
+        self
+    }
+
+    /// Rounds with no pod listed keep a plane's run of failed rounds going for `keep` (a pod
+    /// replaced, its successor not listed yet); past it the run ends (scaled to zero).
+    pub fn keeping_runs_without_pods(mut self, keep: Duration) -> Self {
+        self.sustained.podless = keep;
         self
     }
 

@@ -42,6 +42,8 @@ pub(super) struct PlaneState {
     failed_rounds: u32,
     /// When the plane's current run of failed rounds began.
     failing_since: Option<std::time::Instant>,
+    /// When the plane's current stretch of rounds with no pod listed began.
+    podless_since: Option<std::time::Instant>,
     /// The token the plane's pods were last pushed to with.
     token: String,
     /// The token before the last rotation. Pods started before it still hold it until the
@@ -72,6 +74,7 @@ impl PlaneState {
             digested: None,
             failed_rounds: 0,
             failing_since: None,
+            podless_since: None,
             token: token.to_owned(),
             previous_token: None,
             refusals: Vec::new(),
@@ -105,6 +108,8 @@ impl std::fmt::Debug for PlaneState {
 pub(super) struct Sustained {
     pub(super) rounds: u32,
     pub(super) lasting: Duration,
+    /// How long rounds with no pod listed keep a run of failures going (see [`finish`]).
+    pub(super) podless: Duration,
 }
 
 pub(super) async fn sync_plane(
@@ -465,7 +470,29 @@ fn finish(
         || pods
             .iter()
             .any(|(pod, o)| matches!(o, PodOutcome::Failed(_)) && !idle.contains(pod));
-    if failed {
+    // A round with no pod listed (a pod gone before its successor is listed) reaches none: for
+    // a while it neither ends a run of failures nor lengthens it (the time without pods does
+    // not count towards how long the run has lasted); past that (scaled to zero) it ends it,
+    // as nothing is pushed that could fail.
+    if !pods.is_empty() {
+        if let Some(gap) = state.podless_since.take().map(|since| since.elapsed()) {
+            if gap >= sustained.podless {
+                state.failed_rounds = 0;
+                state.failing_since = None;
+            } else if let Some(since) = state.failing_since {
+                state.failing_since = Some(since.checked_add(gap).unwrap_or(since));
+            }
+        }
+    }
+    if pods.is_empty() {
+        let since = *state
+            .podless_since
+            .get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= sustained.podless {
+            state.failed_rounds = 0;
+            state.failing_since = None;
+        }
+    } else if failed {
         state.failed_rounds = state.failed_rounds.saturating_add(1);
         state
             .failing_since
@@ -479,14 +506,16 @@ fn finish(
         .is_some_and(|since| since.elapsed() >= sustained.lasting);
     PlaneOutcome {
         version,
-        pods,
-        refused: Vec::new(),
         failed_rounds: state.failed_rounds,
-        sustained_failure: state.failed_rounds >= sustained.rounds && lasted,
+        // A round that reached no pod failed nothing of its own.
+        sustained_failure: !pods.is_empty() && state.failed_rounds >= sustained.rounds && lasted,
         failing_for: state
             .failing_since
+            .filter(|_| !pods.is_empty())
             .map(|since| since.elapsed())
             .unwrap_or_default(),
+        pods,
+        refused: Vec::new(),
         duration: std::time::Duration::ZERO,
         repeated: false,
         stale: false,

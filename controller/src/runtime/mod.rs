@@ -304,6 +304,9 @@ pub struct RuntimeOptions {
     pub sustained_after: u32,
     /// How long those rounds must have been failing, too.
     pub sustained_for: Duration,
+    /// How long rounds that find no pod of a plane listed keep its run of failed pushes (and
+    /// a failure told) going: a pod replaced, its successor not listed yet.
+    pub podless_keep: Duration,
     /// How long a plane's pods may be starting (none of their containers run yet), and its
     /// pushes failing, while its sustained push failure is not reported
     /// ([`pod_states::START_GRACE`]).
@@ -343,6 +346,7 @@ impl Default for RuntimeOptions {
             push_timeout: Duration::from_secs(5),
             sustained_after: push::DEFAULT_SUSTAINED_AFTER,
             sustained_for: push::DEFAULT_SUSTAINED_FOR,
+            podless_keep: push::DEFAULT_PODLESS_KEEP,
             start_grace: pod_states::START_GRACE,
             instance: None,
             cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
@@ -923,6 +927,7 @@ impl Reconciler {
             push_failure_counts: health.push_failures.clone(),
             pusher: Pusher::new(options.push_timeout, options.sustained_after)
                 .failing_for(options.sustained_for)
+                .keeping_runs_without_pods(options.podless_keep)
                 .waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             client,
             options,
@@ -1541,6 +1546,9 @@ impl Reconciler {
                     };
                     self.push_failures.insert(plane.clone(), failure);
                 }
+                // No pod listed: nothing was pushed, so a failure told stays while its run
+                // does ([`RuntimeOptions::podless_keep`]).
+                None if outcome.pods.is_empty() && outcome.failed_rounds > 0 => {}
                 None => {
                     self.push_failures.remove(plane);
                     self.starting_told.remove(plane);

@@ -1554,7 +1554,13 @@ fn serves_its_tunnel(
         || planes
             .values()
             .any(|i| !i.kept && i.identity.is_some() && i.identity == info.identity);
-    given && !info.pods.is_empty() && !failures.get(plane).is_some_and(|f| f.all_down)
+    given && !runs_no_connector(info, failures.get(plane))
+}
+
+/// Whether a plane runs no connector, so the edge hands it none of its tunnel's requests: it
+/// has no pod listed, or every pod of it is down (`failure`, its push failure if it has one).
+fn runs_no_connector(info: &PlaneInfo, failure: Option<&PushFailure>) -> bool {
+    info.pods.is_empty() || failure.is_some_and(|f| f.all_down)
 }
 
 /// Each plane whose routes a push failure fails, with the plane that failed and why: its own,
@@ -1584,8 +1590,8 @@ fn push_failed(
             })
         };
         let peer = || {
-            others().find_map(|(p, _)| {
-                let failure = failures.get(p).filter(|f| !f.all_down)?;
+            others().find_map(|(p, i)| {
+                let failure = failures.get(p).filter(|f| !runs_no_connector(i, Some(f)))?;
                 Some((p, &failure.reason))
             })
         };
@@ -1594,7 +1600,7 @@ fn push_failed(
         let own = failures
             .get_key_value(plane)
             .filter(|(_, f)| !f.starting)
-            .filter(|(_, f)| !f.all_down || !served_by_others());
+            .filter(|(_, f)| !runs_no_connector(info, Some(f)) || !served_by_others());
         match (own, own.is_none().then(peer).flatten()) {
             (Some((by, failure)), _) => {
                 failed.insert(plane.clone(), (by.clone(), failure.reason.clone()));

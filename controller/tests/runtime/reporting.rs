@@ -1366,8 +1366,24 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
         );
 
         // The pod is replaced by one being created: pushes still fail, so the route stays
-        // reported, now saying so, with no second Event.
+        // reported, now saying so, with no second Event; and so while no pod is listed at all
+        // (the successor not scheduled yet).
+        t.api.put(empty_config_slice());
         assert!(t.api.delete("v1", "Pod", "tenant-a", PLANE_POD));
+        t.rounds(3, Duration::from_millis(300)).await;
+        let listless = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+        assert_eq!(
+            listless.as_ref().map(|c| &c["message"]),
+            Some(&failed["message"]),
+            "still reported with no pod listed"
+        );
+        assert_eq!(failing_planes(&t), Some(1));
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            down,
+            false,
+        ));
         let replacement = "cf-proxy-edge-7c9d5b8f6-r8wtn";
         t.api
             .put(plane_pod_named(replacement, "ContainerCreating", ""));
@@ -1414,6 +1430,68 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
     })
     .await
     .expect("in time");
+}
+
+/// A plane reported failing whose pods are then all gone (scaled to zero) is reported no more
+/// once no pod has been listed for a while (2 s here): nothing is pushed that could fail.
+#[tokio::test]
+async fn a_reported_plane_scaled_to_zero_is_reported_no_more() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (down, _held) = closed_port();
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod(
+                    "ImagePullBackOff",
+                    "Back-off pulling image proxy:1",
+                ));
+            },
+            ApiServer::client,
+            |options| options.podless_keep = Duration::from_secs(2),
+        )
+        .await;
+        eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        eventually("the plane counted as failing", || {
+            (failing_planes(&t) == Some(1)).then_some(())
+        })
+        .await;
+
+        t.api.put(empty_config_slice());
+        assert!(t.api.delete("v1", "Pod", "tenant-a", PLANE_POD));
+        let since = Instant::now();
+        // Rounds keep coming meanwhile (a resync does too, later).
+        while route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_some() {
+            assert!(
+                since.elapsed() < Duration::from_secs(20),
+                "still reported with no pod listed for long"
+            );
+            t.rounds(1, Duration::from_millis(300)).await;
+        }
+        assert!(
+            since.elapsed() >= Duration::from_secs(2),
+            "not before the keep"
+        );
+        assert_eq!(failing_planes(&t), Some(0));
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The plane's config EndpointSlice, listing no pod.
+fn empty_config_slice() -> Value {
+    yaml(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}\naddressType: IPv4\nports: [{name: config, port: 8081}]\nendpoints: []\n",
+    )
 }
 
 /// A plane whose only pod stays `ContainerCreating` past the grace (a few seconds here; the
