@@ -623,3 +623,69 @@ fn config_digest(config: &Config) -> Vec<u8> {
     let encoded = serde_json::to_vec(&unversioned).unwrap_or_default();
     digest::digest(&digest::SHA256, &encoded).as_ref().to_vec()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> Vec<(SocketAddr, PodOutcome)> {
+        vec![(
+            SocketAddr::from(([10, 0, 0, 5], 8081)),
+            PodOutcome::Failed("refused".to_owned()),
+        )]
+    }
+
+    fn sustained(podless: Duration) -> Sustained {
+        Sustained {
+            rounds: 2,
+            lasting: Duration::ZERO,
+            podless,
+        }
+    }
+
+    /// Rounds with no pod listed, within the keep, leave a run of failures as it was: they
+    /// neither count, nor end it, nor say it is sustained.
+    #[test]
+    fn rounds_without_pods_keep_a_run_of_failures_for_a_while() {
+        let keep = sustained(Duration::from_secs(3600));
+        let mut state = PlaneState::new(1, "token");
+        assert_eq!(finish(&mut state, keep, 1, failed(), &[]).failed_rounds, 1);
+        for _ in 0..3 {
+            let none = finish(&mut state, keep, 1, Vec::new(), &[]);
+            assert_eq!(none.failed_rounds, 1);
+            assert!(!none.sustained_failure);
+            assert_eq!(none.failing_for, Duration::ZERO);
+        }
+        let again = finish(&mut state, keep, 1, failed(), &[]);
+        assert_eq!(again.failed_rounds, 2);
+        assert!(again.sustained_failure, "the run went on");
+    }
+
+    /// Past the keep (scaled to zero), a round with no pod ends the run, and so does the first
+    /// round with pods after such a stretch.
+    #[test]
+    fn rounds_without_pods_past_the_keep_end_a_run_of_failures() {
+        let none_kept = sustained(Duration::ZERO);
+        let mut state = PlaneState::new(1, "token");
+        finish(&mut state, none_kept, 1, failed(), &[]);
+        assert_eq!(
+            finish(&mut state, none_kept, 1, Vec::new(), &[]).failed_rounds,
+            0
+        );
+        assert_eq!(
+            finish(&mut state, none_kept, 1, failed(), &[]).failed_rounds,
+            1,
+            "a run of its own"
+        );
+
+        // Pods back before another round without them: the stretch ended past the keep all
+        // the same.
+        let mut state = PlaneState::new(1, "token");
+        let keep = sustained(Duration::from_secs(3600));
+        finish(&mut state, keep, 1, failed(), &[]);
+        finish(&mut state, keep, 1, Vec::new(), &[]);
+        let back = finish(&mut state, none_kept, 1, failed(), &[]);
+        assert_eq!(back.failed_rounds, 1, "the run before the stretch ended");
+        assert!(!back.sustained_failure);
+    }
+}
