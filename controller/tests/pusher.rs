@@ -1000,7 +1000,7 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
 /// goes, though its name is one the pods serve, and not the costliest serving rule beside it.
 #[tokio::test]
 async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
-    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    use cftunnel_config::valid::Pattern;
 
     let backend = echo().await;
     let server = proxy().await;
@@ -1011,13 +1011,7 @@ async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
     let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
     let edited = "/e/\\w{3,32}/\\w{3,32}";
     // The costliest serving rule, and as many costly ones beside it as fit.
-    let mut spent = cost(big);
-    let fit = (0..)
-        .take_while(|&i| {
-            spent += cost(&costly(i));
-            spent <= PATTERN_BUDGET
-        })
-        .count();
+    let fit = costly_that_fit(cost(big), costly);
     let mut doc = Config {
         rules: std::iter::once(rule(big, "old/big/0"))
             .chain((0..fit).map(|i| rule(&costly(i), &format!("old/r{i}/0"))))
@@ -1045,7 +1039,7 @@ async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
 /// now goes, not it. The pod with the older document answers first.
 #[tokio::test]
 async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
-    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    use cftunnel_config::valid::Pattern;
 
     let backend = echo().await;
     let (behind, ahead) = (proxy().await, proxy().await);
@@ -1055,13 +1049,7 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
     // Taken by one pod only; costlier than the rule added next, so that by the older document
     // it is the one whose going frees most.
     let taken = "/t/\\w{3,48}";
-    let mut spent = cost(taken);
-    let fit = (0..)
-        .take_while(|&i| {
-            spent += cost(&costly(i));
-            spent <= PATTERN_BUDGET
-        })
-        .count();
+    let fit = costly_that_fit(cost(taken), costly);
     assert!(cost(taken) > cost(&costly(fit)));
     let mut doc = Config {
         rules: (0..fit)
@@ -1097,6 +1085,18 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
             .0,
         200
     );
+}
+
+/// How many of the patterns `costly` makes (0, 1, ...) fit the regex budget together beside
+/// patterns that take `spent` already.
+fn costly_that_fit(mut spent: usize, costly: impl Fn(usize) -> String) -> usize {
+    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    (0..)
+        .take_while(|&i| {
+            spent += Pattern::new(&costly(i)).expect("compiles").cost();
+            spent <= PATTERN_BUDGET
+        })
+        .count()
 }
 
 /// A rule named `name` for the host its name makes (`/` as `-`, under `example.com`), whose

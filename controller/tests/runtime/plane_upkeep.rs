@@ -729,6 +729,20 @@ async fn calls_until(
     }
 }
 
+/// A tunnel sync that reads documents back every `period`: failed writes tried again after
+/// 5 s, a call waiting 5 s at most for its writes, `wake` told as they end.
+fn reading_back_sync(
+    period: Duration,
+    wake: &Arc<tokio::sync::Notify>,
+) -> cftunnel_controller::cloudflare::TunnelSync {
+    cftunnel_controller::cloudflare::TunnelSync::with_retry(
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+    )
+    .waiting_at_most(Duration::from_secs(5), Arc::clone(wake))
+    .reading_back(period)
+}
+
 /// The stand-in Cloudflare API, a client counted in `registry`, the controller's target on
 /// it, and the document it writes: `a.example.com` and `b.example.com`.
 async fn read_back_setup(
@@ -768,15 +782,13 @@ async fn read_back_setup(
 /// and the drift is counted.
 #[tokio::test]
 async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
-    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
+    use cftunnel_controller::cloudflare::TunnelApi;
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_millis(300);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let writing = std::time::Instant::now();
         assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
         let puts = cloudflare.put_events().len();
@@ -831,14 +843,11 @@ async fn a_tunnel_document_changed_elsewhere_is_written_again_once_read_back() {
 /// nothing is written, and what it serves stays as written.
 #[tokio::test]
 async fn a_failed_tunnel_read_back_changes_nothing() {
-    use cftunnel_controller::cloudflare::TunnelSync;
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
         let wake = Arc::new(tokio::sync::Notify::new());
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(Duration::from_millis(300));
+        let mut sync = reading_back_sync(Duration::from_millis(300), &wake);
         assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
         let puts = cloudflare.put_events().len();
         let requests = cloudflare.requests();
@@ -913,14 +922,12 @@ fn told_at_once(wake: &tokio::sync::Notify) {
 /// before the next timer), and changed elsewhere at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_call_a_drift_wakes_writes_the_document_again() {
-    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
+    use cftunnel_controller::cloudflare::TunnelApi;
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
         let wake = Arc::new(tokio::sync::Notify::new());
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(Duration::from_secs(2));
+        let mut sync = reading_back_sync(Duration::from_secs(2), &wake);
         let other = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
         let edited = json!({"ingress": [{"service": "http_status:404"}]});
         for i in 0..6 {
@@ -976,15 +983,12 @@ async fn answered(cloudflare: &cftunnel_testkit::cloudflare_api::CloudflareApi, 
 /// answered (the next falls due a second after it started).
 #[tokio::test]
 async fn a_tunnel_read_back_that_finds_no_drift_wakes_nothing() {
-    use cftunnel_controller::cloudflare::TunnelSync;
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_secs(1);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let mut last = std::time::Instant::now();
         assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
         // The write's end told it.
@@ -1065,16 +1069,14 @@ async fn write_all(
 /// for a place.
 #[tokio::test]
 async fn every_tunnel_due_is_read_back_after_one_call_two_at_a_time() {
-    use cftunnel_controller::cloudflare::{Synced, TunnelSync};
+    use cftunnel_controller::cloudflare::Synced;
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
         let api = api.paced(Duration::from_millis(1), 1000);
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_millis(300);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let work = tunnels(&target, 5);
         write_all(&mut sync, &api, &work).await;
         let puts = cloudflare.put_events().len();
@@ -1106,16 +1108,13 @@ async fn every_tunnel_due_is_read_back_after_one_call_two_at_a_time() {
 /// the call it brings starts the rest.
 #[tokio::test]
 async fn reads_back_beyond_64_start_once_those_outstanding_end() {
-    use cftunnel_controller::cloudflare::TunnelSync;
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
         let api = api.paced(Duration::from_millis(1), 1000);
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_secs(4);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let work = tunnels(&target, 66);
         write_all(&mut sync, &api, &work).await;
         tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
@@ -1167,16 +1166,13 @@ fn reads_not_sent(registry: &prometheus_client::registry::Registry) -> u64 {
 /// well before the next read falls due, and the calls it brings start them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_back_left_for_lack_of_room_start_even_when_those_outstanding_end_at_once() {
-    use cftunnel_controller::cloudflare::TunnelSync;
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
         let api = api.paced(Duration::from_millis(1), 100_000);
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_secs(8);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let work = tunnels(&target, 64 + 4000);
         // A few at a time: each call goes through every tunnel it is given.
         for some in work.chunks(64) {
@@ -1236,15 +1232,13 @@ async fn rewritten(
 /// ends and the calls interleave as they do in the controller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_changed_elsewhere_again_and_again_is_read_back_less_often() {
-    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync};
+    use cftunnel_controller::cloudflare::TunnelApi;
     tokio::time::timeout(Duration::from_secs(30), async {
         let mut registry = prometheus_client::registry::Registry::default();
         let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_secs(1);
-        let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake))
-            .reading_back(period);
+        let mut sync = reading_back_sync(period, &wake);
         let other = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
         let edited = json!({"ingress": [
             {"hostname": "a.example.com", "service": "http://localhost:8080"},
@@ -1303,16 +1297,18 @@ async fn a_tunnel_changed_elsewhere_again_and_again_is_read_back_less_often() {
 /// left.
 #[tokio::test]
 async fn a_read_back_under_way_as_the_document_is_written_changes_nothing() {
-    use cftunnel_controller::cloudflare::TunnelSync;
     for reads_only in [false, true] {
         tokio::time::timeout(Duration::from_secs(30), async {
             let mut registry = prometheus_client::registry::Registry::default();
             let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
             let wake = Arc::new(tokio::sync::Notify::new());
             let period = Duration::from_millis(300);
-            let mut sync = TunnelSync::with_retry(Duration::from_secs(5), Duration::from_secs(60))
-                .waiting_at_most(Duration::from_secs(2), Arc::clone(&wake))
-                .reading_back(period);
+            let mut sync = cftunnel_controller::cloudflare::TunnelSync::with_retry(
+                Duration::from_secs(5),
+                Duration::from_secs(60),
+            )
+            .waiting_at_most(Duration::from_secs(2), Arc::clone(&wake))
+            .reading_back(period);
             assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
             forget_wake(&wake).await;
             tokio::time::timeout(Duration::from_secs(5), wake.notified())
