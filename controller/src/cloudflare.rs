@@ -933,18 +933,12 @@ fn backoff(period: Duration, drifts: u32) -> Duration {
 /// How late a tunnel's reads back come: a share of a tenth of `period`, the same for the
 /// tunnel every time, spread over tunnels by their ids.
 fn jitter(period: Duration, tunnel: &Uuid) -> Duration {
-    // Ids are random in practice; mixed, neighbouring ones are spread as well.
-    let (high, low) = tunnel.as_u64_pair();
-    let h = mix(mix(high) ^ low);
+    // Hashed with fixed keys: the same share on every call and in every process, and
+    // neighbouring ids spread as well as random ones.
+    use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+    let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(tunnel);
     let share = u32::try_from(h % u64::from(JITTER_STEPS)).unwrap_or(0);
     (period / 10 / JITTER_STEPS).saturating_mul(share)
-}
-
-/// splitmix64's finaliser: each bit of `x` flips about half of the result's.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// A tunnel and who writes its document (a digest of account, API token and claimed secret).
