@@ -534,16 +534,25 @@ impl TunnelApi {
         result
     }
 
-    /// The error a call with the token `token_key` fails with while a 429's wait runs.
-    fn rate_limited(&self, name: &'static str, token_key: &[u8]) -> Result<(), String> {
-        let now = tokio::time::Instant::now();
-        let waiting = self
-            .limited
+    /// The 429 the token `token_key` waits out: when its wait ends, and how long it is.
+    fn waiting(&self, token_key: &[u8]) -> Option<(Instant, Duration)> {
+        let now = Instant::now();
+        self.limited
             .lock()
             .ok()
             .and_then(|l| l.get(token_key).copied())
-            .filter(|(until, _)| *until > now);
-        let Some((_, wait)) = waiting else {
+            .filter(|(until, _)| *until > now)
+    }
+
+    /// When the 429 `api_token` waits out ends; `None` while it waits for none.
+    fn held_off_until(&self, api_token: &str) -> Option<Instant> {
+        let token_key = digest::digest(&digest::SHA256, api_token.as_bytes());
+        self.waiting(token_key.as_ref()).map(|(until, _)| until)
+    }
+
+    /// The error a call with the token `token_key` fails with while a 429's wait runs.
+    fn rate_limited(&self, name: &'static str, token_key: &[u8]) -> Result<(), String> {
+        let Some((_, wait)) = self.waiting(token_key) else {
             return Ok(());
         };
         self.calls.count(name, "rate_limited", false, true);
@@ -1312,6 +1321,13 @@ impl TunnelSync {
             }
             if !clock.due(&target.tunnel, now) {
                 fall_due(clock.next(&target.tunnel));
+                continue;
+            }
+            // While the token waits out a 429, a read would fail at once, sending nothing, and
+            // the batch's end would bring a round for the next, back to back through every
+            // tunnel due: they wait for the 429's end instead.
+            if let Some(until) = api.held_off_until(&target.api_token) {
+                fall_due(Some(until));
                 continue;
             }
             if self.read_backs.is_full() {

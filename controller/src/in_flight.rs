@@ -3,7 +3,10 @@
 //! that waited for its writes would hold every tenant's pushes and statuses behind the slowest,
 //! and a replica that starts leading would write every plane one after another before its first
 //! push. So a round starts those due, a bounded number at a time, and reads those finished; one
-//! finishing wakes the run loop for the next round. Plane applies ([`crate::runtime`]) read
+//! finishing wakes the run loop for the next round, once its outcome can be read: it is put
+//! where [`InFlight::finished`] reads it before the wake, since a task's own return becomes
+//! visible to a join only after the task has ended, which a round woken at once can miss. Plane
+//! applies ([`crate::runtime`]) read
 //! theirs in the next round; tunnel writes ([`crate::cloudflare::TunnelSync`]) wait for theirs
 //! briefly, since they mostly take milliseconds.
 
@@ -11,7 +14,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 use tokio::task::{AbortHandle, Id, JoinError, JoinSet};
@@ -23,7 +26,11 @@ pub type Finished<K, T> = (K, Vec<u8>, Option<T>);
 
 /// The writes running, at most one per key, each of one version of what it writes (its digest).
 pub struct InFlight<K, T> {
-    tasks: JoinSet<(K, T)>,
+    /// The tasks, joined to free their places and to learn of panics; their outcomes come
+    /// through `ended`.
+    tasks: JoinSet<()>,
+    /// Outcomes of the writes that ended, each put here by its task before it wakes the loop.
+    ended: Arc<Mutex<Vec<(Id, K, T)>>>,
     running: HashMap<K, Running>,
     /// Writes of earlier versions, dropped for a later one: one that had already finished
     /// still wrote, and its outcome is still read.
@@ -46,6 +53,7 @@ where
     pub fn new(limit: usize, wake: Arc<Notify>) -> Self {
         Self {
             tasks: JoinSet::new(),
+            ended: Arc::new(Mutex::new(Vec::new())),
             running: HashMap::new(),
             superseded: HashMap::new(),
             wake,
@@ -88,11 +96,16 @@ where
             self.superseded.insert(earlier.task.id(), earlier.digest);
         }
         let wake = Arc::clone(&self.wake);
+        let ended = Arc::clone(&self.ended);
         let id = key.clone();
         let task = self.tasks.spawn(async move {
             let outcome = write.await;
+            ended.lock().unwrap_or_else(PoisonError::into_inner).push((
+                tokio::task::id(),
+                id,
+                outcome,
+            ));
             wake.notify_one();
-            (id, outcome)
         });
         self.running.insert(key, Running { digest, task });
     }
@@ -124,6 +137,10 @@ where
         self.running.clear();
         self.superseded.clear();
         self.tasks.abort_all();
+        self.ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     /// The writes finished since the last call, each with its key and the digest it wrote, in
@@ -131,9 +148,7 @@ where
     /// finished before it was dropped.
     pub fn finished(&mut self) -> Vec<Finished<K, T>> {
         let mut done = Vec::new();
-        while let Some(joined) = self.tasks.try_join_next_with_id() {
-            self.take(joined, &mut done);
-        }
+        self.collect(&mut done);
         done
     }
 
@@ -155,32 +170,42 @@ where
                 None => next.await,
             };
             let Some(joined) = joined else { break };
-            self.take(joined, &mut done);
+            self.collect(&mut done);
+            self.reap(joined, &mut done);
         }
         done
     }
 
-    fn take(&mut self, joined: Result<(Id, (K, T)), JoinError>, done: &mut Vec<Finished<K, T>>) {
-        let (id, key, outcome) = match joined {
-            Ok((id, (key, outcome))) => (id, key, outcome),
-            Err(e) => {
-                self.superseded.remove(&e.id());
-                let running = self.running.iter().find(|(_, r)| r.task.id() == e.id());
-                let key = running.map(|(key, _)| key.clone());
-                if let Some(running) = key.and_then(|key| self.running.remove_entry(&key)) {
-                    if e.is_panic() {
-                        done.push((running.0, running.1.digest, None));
-                    }
+    /// Reads the outcomes told, then reaps the tasks that ended. (One that tells its outcome
+    /// meanwhile is read by the next call, which the wake it sends brings.)
+    fn collect(&mut self, done: &mut Vec<Finished<K, T>>) {
+        let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(PoisonError::into_inner));
+        for (id, key, outcome) in ended {
+            if let Some(digest) = self.superseded.remove(&id) {
+                done.push((key, digest, Some(outcome)));
+            } else if self.running.get(&key).is_some_and(|r| r.task.id() == id) {
+                if let Some(running) = self.running.remove(&key) {
+                    done.push((key, running.digest, Some(outcome)));
                 }
-                return;
             }
-        };
-        if let Some(digest) = self.superseded.remove(&id) {
-            done.push((key, digest, Some(outcome)));
-        } else if self.running.get(&key).is_some_and(|r| r.task.id() == id) {
-            if let Some(running) = self.running.remove(&key) {
-                done.push((key, running.digest, Some(outcome)));
-            }
+        }
+        while let Some(joined) = self.tasks.try_join_next_with_id() {
+            self.reap(joined, done);
+        }
+    }
+
+    /// A task that ended without telling an outcome: dropped (nothing to tell) or panicked
+    /// (told as a failure of its write). One that returned told its outcome through `ended`.
+    fn reap(&mut self, joined: Result<(Id, ()), JoinError>, done: &mut Vec<Finished<K, T>>) {
+        let Err(e) = joined else { return };
+        self.superseded.remove(&e.id());
+        if !e.is_panic() {
+            return;
+        }
+        let running = self.running.iter().find(|(_, r)| r.task.id() == e.id());
+        let key = running.map(|(key, _)| key.clone());
+        if let Some(running) = key.and_then(|key| self.running.remove_entry(&key)) {
+            done.push((running.0, running.1.digest, None));
         }
     }
 }
@@ -212,6 +237,28 @@ mod tests {
         );
         assert_eq!(writes.running("a"), None);
         assert!(writes.finished().is_empty());
+    }
+
+    /// The loop reads a write's outcome as soon as its wake comes, with the write's task on
+    /// another thread still ending.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_is_read_by_the_round_its_wake_brings() {
+        let wake = Arc::new(Notify::new());
+        let mut writes = InFlight::new(1, Arc::clone(&wake));
+        for n in 0..2_000u32 {
+            writes.start(n, vec![1], async move {
+                tokio::task::yield_now().await;
+                n
+            });
+            tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                .await
+                .expect("woken");
+            assert_eq!(
+                writes.finished(),
+                vec![(n, vec![1], Some(n))],
+                "write {n} was read by the round it woke"
+            );
+        }
     }
 
     #[tokio::test]

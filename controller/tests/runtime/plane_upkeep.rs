@@ -1160,15 +1160,30 @@ fn reads_not_sent(registry: &prometheus_client::registry::Registry) -> u64 {
         .map_or(0, |n| n.parse().expect("a count"))
 }
 
+/// Reads back of `registry`'s client that found no API to call (connection refused).
+fn reads_unreachable(registry: &prometheus_client::registry::Registry) -> u64 {
+    let mut metrics = String::new();
+    prometheus_client::encoding::text::encode(&mut metrics, registry).expect("encoded");
+    metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(
+                "cloudflare_api_errors_total{call=\"get_configuration\",status=\"unreachable\"} ",
+            )
+        })
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
 /// The 64 reads back one call starts may all end before that call is through with the
-/// tunnels due after them (here each fails at once, sending nothing: the API token waits out
-/// a 429, and 4,000 more tunnels are due). Their end still wakes the loop for those left,
-/// well before the next read falls due, and the calls it brings start them.
+/// tunnels due after them (here each fails at once: the API's address refuses connections,
+/// and 4,000 more tunnels are due). Their end still wakes the loop for those left, well
+/// before the next read falls due, and the calls it brings start them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_back_left_for_lack_of_room_start_even_when_those_outstanding_end_at_once() {
+    use cftunnel_controller::cloudflare::{ApiCalls, TunnelApi};
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut registry = prometheus_client::registry::Registry::default();
-        let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
+        let (_cloudflare, api, target, _) = read_back_setup(&mut registry).await;
         let api = api.paced(Duration::from_millis(1), 100_000);
         let wake = Arc::new(tokio::sync::Notify::new());
         let period = Duration::from_secs(8);
@@ -1179,26 +1194,80 @@ async fn reads_back_left_for_lack_of_room_start_even_when_those_outstanding_end_
             write_all(&mut sync, &api, some).await;
         }
         tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
-        cloudflare.rate_limit_next(60);
-        api.get_configuration(&target)
-            .await
-            .expect_err("answered 429");
+        // The same records, read through an address nothing listens on.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
+        let gone = format!("http://{}", closed.local_addr().expect("address"));
+        drop(closed);
+        let mut unreachable = prometheus_client::registry::Registry::default();
+        let calls = ApiCalls::default();
+        calls.register(&mut unreachable);
+        let api = TunnelApi::new(&gone, Duration::from_secs(5))
+            .expect("client")
+            .counted(calls)
+            .paced(Duration::from_millis(1), 100_000);
         forget_wake(&wake).await;
         let called = tokio::time::Instant::now();
         sync.sync_all(&api, work.clone()).await;
         // Long before the next read falls due, a period after this call.
         let until = called + Duration::from_secs(5);
-        while reads_not_sent(&registry) < 128 {
+        while reads_unreachable(&unreachable) < 128 {
             tokio::time::timeout_at(until, wake.notified())
                 .await
                 .unwrap_or_else(|_| {
                     panic!(
                         "woken for the reads left; {} read so far",
-                        reads_not_sent(&registry)
+                        reads_unreachable(&unreachable)
                     )
                 });
             sync.sync_all(&api, work.clone()).await;
         }
+    })
+    .await
+    .expect("in time");
+}
+
+/// While the API token waits out a 429 (2 s here), tunnels that fall due are not read: each
+/// read would fail at once, sending nothing, and the end of each batch of 64 would bring the
+/// next round at once, back to back through every tunnel due. The one wake comes as the 429's
+/// wait ends, and the calls it brings read all 70.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_due_during_a_429_are_read_back_once_its_wait_ends() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, _) = read_back_setup(&mut registry).await;
+        let api = api.paced(Duration::from_millis(1), 100_000);
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_secs(4);
+        let mut sync = reading_back_sync(period, &wake);
+        let work = tunnels(&target, 70);
+        for some in work.chunks(64) {
+            write_all(&mut sync, &api, some).await;
+        }
+        tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
+        cloudflare.rate_limit_next(2);
+        api.get_configuration(&target)
+            .await
+            .expect_err("answered 429");
+        let limited = tokio::time::Instant::now();
+        forget_wake(&wake).await;
+        let requests = cloudflare.requests();
+        sync.sync_all(&api, work.clone()).await;
+        tokio::time::timeout(Duration::from_secs(10), wake.notified())
+            .await
+            .expect("woken as the 429's wait ends");
+        assert!(
+            limited.elapsed() >= Duration::from_millis(1900),
+            "no round before the wait ends: woken after {:?}",
+            limited.elapsed()
+        );
+        assert_eq!(reads_not_sent(&registry), 0, "no read failed unsent");
+        assert_eq!(cloudflare.requests(), requests, "nothing read meanwhile");
+        sync.sync_all(&api, work.clone()).await;
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the end of the 64 reads wakes the loop for the 6 left");
+        sync.sync_all(&api, work.clone()).await;
+        answered(&cloudflare, requests + 70).await;
     })
     .await
     .expect("in time");
