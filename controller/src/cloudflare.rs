@@ -1335,7 +1335,8 @@ impl TunnelSync {
                 continue;
             }
             clock.reset(target.tunnel, now);
-            fall_due(clock.next_if_held(&target.tunnel));
+            let due_again = clock.next_if_held(&target.tunnel);
+            fall_due(due_again);
             let batch = Arc::clone(&batch);
             self.reads_started += 1;
             let n = self.reads_started;
@@ -1347,7 +1348,8 @@ impl TunnelSync {
             let written = Carried::of_document(document);
             let places = Arc::clone(&self.read_places);
             let wake = self.wake.clone();
-            // Compared here: only a drift needs a call, and so a wake.
+            // Compared here: only a drift needs a call, and so a wake (or a read that ends
+            // when the next is due).
             let read = async move {
                 let found = async {
                     let _place = places
@@ -1363,7 +1365,9 @@ impl TunnelSync {
                 if let Ok(mut ended) = ended.lock() {
                     ended.push((target.tunnel, n));
                 }
-                if matches!(found, Ok((_, Some(_)))) {
+                // One that ran past the time the next falls due outlived that one's timer.
+                let overdue = due_again.is_some_and(|at| Instant::now() >= at);
+                if overdue || matches!(found, Ok((_, Some(_)))) {
                     if let Some(wake) = &wake {
                         wake.notify_one();
                     }

@@ -1020,6 +1020,45 @@ async fn a_tunnel_read_back_that_finds_no_drift_wakes_nothing() {
     .expect("in time");
 }
 
+/// A read back the API answers only after the next has fallen due (300 ms on, its timer gone
+/// off meanwhile, finding the read still running) wakes the loop as it ends, though it found
+/// the document as written, and the call it brings reads the tunnel again.
+#[tokio::test]
+async fn a_read_back_that_outlives_its_period_wakes_the_loop_for_the_next() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (cloudflare, api, target, document) = read_back_setup(&mut registry).await;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let period = Duration::from_millis(300);
+        let mut sync = reading_back_sync(period, &wake);
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        forget_wake(&wake).await;
+        let requests = cloudflare.requests();
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the read's timer wakes");
+        let hold = cloudflare.hold_reads();
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+        // Past the period and its share: the timer for the next read goes off, and the call
+        // it brings finds the read still running.
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the next read's timer wakes");
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+        forget_wake(&wake).await;
+        drop(hold);
+        answered(&cloudflare, requests + 1).await;
+        tokio::time::timeout(Duration::from_secs(2), wake.notified())
+            .await
+            .expect("the overdue read's end wakes the loop");
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+        answered(&cloudflare, requests + 2).await;
+        assert_eq!(drifts(&registry), 0, "drifts counted");
+    })
+    .await
+    .expect("in time");
+}
+
 /// `n` tunnels of `target`'s account and token (`Uuid`s 0x100 on), each with a document of
 /// its own (`t{i}.example.com`).
 fn tunnels(
