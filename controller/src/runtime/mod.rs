@@ -598,6 +598,16 @@ struct Reconciler {
     /// Routes told their plane's pods have not taken the config: an Event once per run of
     /// failures.
     push_failed_told: HashSet<String>,
+    /// Routes this process has reported on since it took the lead: for one not among them,
+    /// the warnings its status already carries were told by an earlier leader.
+    reported_routes: HashSet<String>,
+    /// Planes whose routes an earlier leader told their pods had not taken the config, as
+    /// their status said when this process took the lead (`None` before its first round),
+    /// until this process has a verdict of its own: a push that reaches the pods, or a run of
+    /// failures it reports. Meanwhile their routes keep what they were told: a new leader
+    /// would otherwise take the report back for the rounds a run of failures takes, or the
+    /// start grace, and tell it again after.
+    inherited_push_failures: Option<HashSet<PlaneKey>>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
     /// Per Gateway uid: the render whose apply failed last, answered with its error until the
@@ -956,6 +966,8 @@ impl Reconciler {
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             push_failed_told: HashSet::new(),
+            reported_routes: HashSet::new(),
+            inherited_push_failures: None,
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX).waking(Arc::clone(&wake)),
             removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
@@ -1447,6 +1459,10 @@ impl Reconciler {
             }
         }
         self.refused_rules = refused_rules(&output, &outcomes);
+        if self.inherited_push_failures.is_none() {
+            let told = self.planes_told_push_failed(snapshot, &output, &planes);
+            self.inherited_push_failures = Some(told);
+        }
         for (plane, outcome) in &outcomes {
             // Its next push still runs: this one was counted when it came.
             if outcome.repeated {
@@ -1483,9 +1499,11 @@ impl Reconciler {
             // (the plane's entry is not `starting`) stays reported until a push succeeds.
             let states = match planes.get(plane) {
                 Some(info) if outcome.all_down() && outcome.sustained_failure => {
+                    let reported = self.push_failures.get(plane).is_some_and(|f| !f.starting)
+                        || self.inherited(plane);
                     let run = pod_states::FailureRun {
                         failing_for: outcome.failing_for,
-                        reported: self.push_failures.get(plane).is_some_and(|f| !f.starting),
+                        reported,
                         grace: self.options.start_grace,
                     };
                     pod_states::judge(
@@ -1544,6 +1562,9 @@ impl Reconciler {
                         all_down: outcome.all_down(),
                         starting,
                     };
+                    if !failure.starting {
+                        self.inherit_no_more(plane);
+                    }
                     self.push_failures.insert(plane.clone(), failure);
                 }
                 // No pod listed: nothing was pushed, so a failure told stays while its run
@@ -1552,6 +1573,7 @@ impl Reconciler {
                 None => {
                     self.push_failures.remove(plane);
                     self.starting_told.remove(plane);
+                    self.inherit_no_more(plane);
                 }
                 Some(_) => {}
             }
@@ -1571,6 +1593,9 @@ impl Reconciler {
             .retain(|plane, _| output.configs.contains_key(plane));
         self.starting_told
             .retain(|plane| output.configs.contains_key(plane));
+        if let Some(inherited) = &mut self.inherited_push_failures {
+            inherited.retain(|plane| output.configs.contains_key(plane));
+        }
 
         self.write_statuses(
             snapshot,

@@ -802,6 +802,17 @@ impl Reconciler {
             if ours.is_empty() && !had_ours {
                 continue;
             }
+            // The push failure an earlier leader told for a parent, as the status says.
+            let pushed_before = |parent: &translate::ParentRef| {
+                status::condition_before(
+                    existing.as_ref(),
+                    controller,
+                    [parent],
+                    PROXY_CONFIG_PUSHED,
+                )
+                .filter(|c| c["status"] == "False" && c["reason"] == "PushFailed")
+                .map(|c| c["message"].as_str().unwrap_or_default())
+            };
             let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
                 let Some(parent) = ours.get(i) else { return };
                 let accepted = parent
@@ -907,6 +918,18 @@ impl Reconciler {
                         message: format!("the proxy pods have not taken the config: {reason}"),
                         observed_generation: meta.generation,
                     });
+                } else if let Some(told) = self
+                    .inherited(plane)
+                    .then(|| pushed_before(&parent.parent_ref))
+                    .flatten()
+                {
+                    conditions.push(KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: Truth::False,
+                        reason: "PushFailed".to_owned(),
+                        message: told.to_owned(),
+                        observed_generation: meta.generation,
+                    });
                 } else if let Some(refused) = self.refused_rules.get(&route_key) {
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
@@ -919,16 +942,39 @@ impl Reconciler {
             };
             let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
             // The Event mirrors the condition, once per run of failures.
-            let failed_now = ours.iter().find_map(|parent| {
+            let serving = |parent: &translate::RouteParentStatus| {
                 let gateway = output.statuses.parent_gateway(&parent.parent_ref)?;
-                output
-                    .planes
-                    .get(&gateway)
-                    .and_then(|p| push_failed.get(self.serving_peer(p, planes).unwrap_or(p)))
+                let plane = output.planes.get(&gateway)?;
+                Some(self.serving_peer(plane, planes).unwrap_or(plane))
+            };
+            let failed_now = ours.iter().find_map(|parent| {
+                serving(parent)
+                    .and_then(|p| push_failed.get(p))
                     .map(|(_, reason)| reason)
+            });
+            // Told by an earlier leader, and kept: no Event, now or as this process's own
+            // verdict takes over.
+            let inherited_told = ours.iter().any(|parent| {
+                serving(parent).is_some_and(|p| self.inherited(p))
+                    && pushed_before(&parent.parent_ref).is_some()
             });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
+            // A route this process reports on for the first time since it took the lead: what
+            // its status already says, an earlier leader wrote and told in an Event; a new
+            // leader telling it again would send every warning twice.
+            let first_report = self.reported_routes.insert(told_key.clone());
+            let before = |kind: &str| {
+                let parents = ours.iter().map(|parent| &parent.parent_ref);
+                first_report
+                    .then(|| status::condition_before(existing.as_ref(), controller, parents, kind))
+                    .flatten()
+            };
+            let said = |condition: &Value, truth: &str, reason: Option<&str>, message: &str| {
+                condition["status"] == truth
+                    && reason.is_none_or(|reason| condition["reason"] == reason)
+                    && condition["message"] == message
+            };
             // Conditions that warn the route's owner: an Event when one appears or its message
             // changes. Each record is kept only once its Event is taken: one refused for want
             // of room is made again in a later round.
@@ -940,6 +986,11 @@ impl Reconciler {
                     .iter()
                     .find_map(|parent| parent.condition(kind).map(|c| c.message.clone()));
                 let key = (told_key.clone(), reason);
+                if let Some(message) = &message {
+                    if before(kind.as_str()).is_some_and(|c| said(c, "True", None, message)) {
+                        self.condition_told.insert(key.clone(), message.clone());
+                    }
+                }
                 match message {
                     Some(message) if self.condition_told.get(&key) != Some(&message) => {
                         let told = Told::Condition {
@@ -966,6 +1017,13 @@ impl Reconciler {
                 }
             }
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
+            if let Some(note) = &refused {
+                let said_before = before(PROXY_CONFIG_PUSHED)
+                    .is_some_and(|c| said(c, "False", Some("RuleRefused"), note));
+                if said_before {
+                    self.refused_told.insert(told_key.clone(), note.clone());
+                }
+            }
             match refused {
                 Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
                     let told = Told::RuleRefused {
@@ -990,6 +1048,9 @@ impl Reconciler {
                 }
             }
             match failed_now {
+                _ if inherited_told => {
+                    self.push_failed_told.insert(told_key.clone());
+                }
                 Some(reason) if !self.push_failed_told.contains(&told_key) => {
                     let note = format!("the proxy pods have not taken the config: {reason}");
                     let told = Told::PushFailed {
@@ -1029,6 +1090,8 @@ impl Reconciler {
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
         self.push_failed_told
+            .retain(|route| routes_seen.contains(route));
+        self.reported_routes
             .retain(|route| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.write_ownership_parents(&mut writes, snapshot, output);
@@ -1109,6 +1172,85 @@ impl Reconciler {
                     && serves_its_tunnel(peer, info, planes, &self.push_failures)
             })
             .map(|(peer, _)| peer)
+    }
+
+    /// Whether `plane`'s routes keep the push failure an earlier leader told them
+    /// ([`Reconciler::inherited_push_failures`]).
+    pub(super) fn inherited(&self, plane: &PlaneKey) -> bool {
+        self.inherited_push_failures
+            .as_ref()
+            .is_some_and(|planes| planes.contains(plane))
+    }
+
+    /// `plane` has a verdict of this process's own: what an earlier leader told its routes
+    /// no longer stands in for it.
+    pub(super) fn inherit_no_more(&mut self, plane: &PlaneKey) {
+        if let Some(planes) = &mut self.inherited_push_failures {
+            planes.remove(plane);
+        }
+    }
+
+    /// The planes an earlier leader told routes their pods had not taken the config
+    /// (`ProxyConfigPushed=False`, `PushFailed`, in the routes' status as watched), each judged
+    /// by the plane that serves the route's parent, as [`Reconciler::report`] tells it. A
+    /// leader that has just taken over and finds such a plane's pods being created goes on
+    /// telling it, rather than take it back for the start grace.
+    pub(super) fn planes_told_push_failed(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+    ) -> HashSet<PlaneKey> {
+        let controller = self.options.translate.controller_name.as_str();
+        let statuses = snapshot
+            .http_routes
+            .iter()
+            .map(|r| {
+                (
+                    RouteKind::Http,
+                    r.metadata.namespace.as_deref(),
+                    r.metadata.name.as_deref(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                )
+            })
+            .chain(snapshot.grpc_routes.iter().map(|r| {
+                (
+                    RouteKind::Grpc,
+                    r.metadata.namespace.as_deref(),
+                    r.metadata.name.as_deref(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                )
+            }));
+        let mut told = HashSet::new();
+        for (kind, ns, name, existing) in statuses {
+            let (Some(ns), Some(name), Some(existing)) = (ns, name, existing) else {
+                continue;
+            };
+            let route_key = translate::RouteKey {
+                kind,
+                key: ObjectKey::new(ns, name),
+            };
+            let Some(ours) = output.statuses.routes.get(&route_key) else {
+                continue;
+            };
+            for parent in ours {
+                let failed = status::condition_before(
+                    Some(&existing),
+                    controller,
+                    [&parent.parent_ref],
+                    PROXY_CONFIG_PUSHED,
+                )
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "PushFailed");
+                let plane = output
+                    .statuses
+                    .parent_gateway(&parent.parent_ref)
+                    .and_then(|gateway| output.planes.get(&gateway));
+                if let (true, Some(plane)) = (failed, plane) {
+                    told.insert(self.serving_peer(plane, planes).unwrap_or(plane).clone());
+                }
+            }
+        }
+        told
     }
 
     /// Per plane whose tunnel's document could not be written, or is still being written,

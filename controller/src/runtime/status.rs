@@ -467,6 +467,23 @@ pub fn written_by(entry: &Value, controller_name: &str) -> bool {
     entry.get("controllerName").and_then(Value::as_str) == Some(controller_name)
 }
 
+/// The conditions a route's `existing` status has `controller_name` saying for `parent`.
+fn conditions_before<'a>(
+    existing: Option<&'a Value>,
+    controller_name: &'a str,
+    parent: &ParentRef,
+) -> impl Iterator<Item = &'a Value> + 'a {
+    let wanted = gateway_ref(parent);
+    existing
+        .and_then(|s| s.get("parents"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(move |p| written_by(p, controller_name) && same_ref(p.get("parentRef"), &wanted))
+        .filter_map(|p| p.get("conditions").and_then(Value::as_array))
+        .flatten()
+}
+
 /// Whether a route's `existing` status has `controller_name` saying `Accepted=True` for
 /// `parent`.
 pub fn accepted_before(
@@ -474,16 +491,22 @@ pub fn accepted_before(
     controller_name: &str,
     parent: &ParentRef,
 ) -> bool {
-    let wanted = gateway_ref(parent);
-    existing
-        .and_then(|s| s.get("parents"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|p| written_by(p, controller_name) && same_ref(p.get("parentRef"), &wanted))
-        .filter_map(|p| p.get("conditions").and_then(Value::as_array))
-        .flatten()
+    conditions_before(existing, controller_name, parent)
         .any(|c| c["type"] == "Accepted" && c["status"] == "True")
+}
+
+/// The condition `kind` a route's `existing` status has `controller_name` saying for one of
+/// `parents` (the first found): what an earlier leader told the route's owner, which a new one
+/// need not tell again.
+pub fn condition_before<'a, 'p>(
+    existing: Option<&'a Value>,
+    controller_name: &'a str,
+    parents: impl IntoIterator<Item = &'p ParentRef>,
+    kind: &str,
+) -> Option<&'a Value> {
+    parents.into_iter().find_map(|parent| {
+        conditions_before(existing, controller_name, parent).find(|c| c["type"] == kind)
+    })
 }
 
 /// Parent references are equal when the fields that identify them are (the API server fills

@@ -531,6 +531,42 @@ async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
     .expect("in time");
 }
 
+/// A controller that takes over (a restart here, as for another replica taking the lead) from
+/// one that told a route a warning (`RouteShadowed`) sends it no second Event: the route's
+/// status carries the warning, so it was told. A warning that changes is told again.
+#[tokio::test]
+async fn a_new_leader_does_not_tell_again_the_warnings_a_routes_status_carries() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut t = Tenant::start("replicas: 1").await;
+        eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        t.api.put(shop_copy("shop-aa"));
+        eventually("shop-aa's RouteShadowed told", || {
+            (told_shadowed(&t.api, "shop-aa")
+                && route_condition(&t.api, "tenant-a", "shop-aa", "cf.k8s.lex.la/RouteShadowed")
+                    .is_some())
+            .then_some(())
+        })
+        .await;
+
+        t.restart(|_| {}).await;
+        // The new controller's rounds: another route made and told.
+        t.api.put(shop_copy("shop-ab"));
+        eventually("shop-ab's RouteShadowed told", || {
+            told_shadowed(&t.api, "shop-ab").then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            times_told(&t.api, "shop-aa", "RouteShadowed"),
+            1,
+            "told once, by the first controller"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A `ProxyProvisioned` unanswered as the Lease lapses is kept to be sent again once leading
 /// again, but not for a Gateway deleted meanwhile.
 #[tokio::test]
@@ -1426,6 +1462,119 @@ async fn a_plane_whose_pods_are_still_being_created_is_reported_only_once_they_f
         })
         .await;
         drop(watching);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over (a restart here, as for another replica taking the lead) from
+/// one that told a plane's routes their pods have not taken the config goes on from what their
+/// status says: it sends no second Event for the same run of failures, and, the pod replaced
+/// by one being created, keeps the route reported ("being created again") rather than take the
+/// report back for the start grace.
+#[tokio::test]
+async fn a_new_leader_goes_on_from_the_push_failure_an_earlier_one_told() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (down, _held) = closed_port();
+        let grace = |options: &mut RuntimeOptions| {
+            options.start_grace = Duration::from_secs(100 * 365 * 86_400);
+        };
+        let mut t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod(
+                    "ImagePullBackOff",
+                    "Back-off pulling image proxy:1",
+                ));
+            },
+            ApiServer::client,
+            grace,
+        )
+        .await;
+        let failed = eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["reason"], "PushFailed");
+        eventually("a ProxyConfigPushFailed Event", || {
+            (times_told(&t.api, "shop", "ProxyConfigPushFailed") == 1).then_some(())
+        })
+        .await;
+
+        // From here on, no status written without the report.
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = t.api.forbid(move |c| {
+            if c.method == "PATCH"
+                && c.kind == "HTTPRoute"
+                && !c.body.to_string().contains(PROXY_CONFIG_PUSHED)
+            {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+
+        // Same pod, same failure: the new controller's rounds tell nothing new.
+        t.restart(grace).await;
+        eventually("the new controller's failed pushes", || {
+            (failed_pushes(&t) >= 4).then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
+            Some(failed["message"].clone())
+        );
+        assert_eq!(
+            times_told(&t.api, "shop", "ProxyConfigPushFailed"),
+            1,
+            "{:?}",
+            events_about(&t.api, "shop")
+        );
+
+        // The pod replaced by one being created, as the lead changes hands again.
+        let replacement = "cf-proxy-edge-7c9d5b8f6-r8wtn";
+        assert!(t.api.delete("v1", "Pod", "tenant-a", PLANE_POD));
+        t.api
+            .put(plane_pod_named(replacement, "ContainerCreating", ""));
+        t.restart(grace).await;
+        let recreated = eventually("the route told the pods are created again", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["message"].as_str().is_some_and(|m| {
+                    m.contains(&format!(
+                        "its pods are being created again (pod {replacement}: ContainerCreating)"
+                    ))
+                })
+            })
+        })
+        .await;
+        assert_eq!(recreated["status"], "False");
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
+            Some(recreated["message"].clone()),
+            "still reported"
+        );
+        assert_eq!(failing_planes(&t), Some(1));
+        assert_eq!(
+            times_told(&t.api, "shop", "ProxyConfigPushFailed"),
+            1,
+            "{:?}",
+            events_about(&t.api, "shop")
+        );
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "a new controller wrote the route's status without the report"
+        );
         t.stop().await;
     })
     .await
