@@ -340,10 +340,10 @@ fn pod(name: &str, labels: &str) -> Value {
     ))
 }
 
-/// The Pod cache holds the rendered planes' pods only (by the label every rendered object
-/// carries), and of each its state, not its spec.
+/// The Pod cache holds the proxy pods only, a rendered plane's and the chart's shared pool's
+/// (by the label both carry), and of each its state, not its spec.
 #[tokio::test]
-async fn the_pod_cache_holds_the_planes_pods_without_their_specs() {
+async fn the_pod_cache_holds_the_proxy_pods_without_their_specs() {
     tokio::time::timeout(Duration::from_secs(30), async {
         let api = ApiServer::builder()
             .rbac(REQUIRED_RBAC)
@@ -352,9 +352,13 @@ async fn the_pod_cache_holds_the_planes_pods_without_their_specs() {
             .await;
         api.put(pod(
             "cf-proxy-edge-abc",
-            "{app.kubernetes.io/managed-by: cftunnel-controller}",
+            "{app.kubernetes.io/name: cftunnel-proxy, app.kubernetes.io/managed-by: cftunnel-controller}",
         ));
-        api.put(pod("web-abc", "{app: web}"));
+        api.put(pod(
+            "cftunnel-proxy-6b7f9c4d8-x2x9k",
+            "{app.kubernetes.io/name: cftunnel-proxy, app.kubernetes.io/managed-by: Helm}",
+        ));
+        api.put(pod("web-abc", "{app: web, app.kubernetes.io/managed-by: cftunnel-controller}"));
         let mut tasks = JoinSet::new();
         let stores = start(
             &api,
@@ -366,17 +370,24 @@ async fn the_pod_cache_holds_the_planes_pods_without_their_specs() {
         let by = std::time::Instant::now() + Duration::from_secs(10);
         let pods = loop {
             let pods = stores.pods.state();
-            if !pods.is_empty() {
+            if pods.len() >= 2 {
                 break pods;
             }
             assert!(
                 std::time::Instant::now() < by,
-                "the plane's pod is not listed"
+                "the proxy pods are not listed"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let names: Vec<_> = pods.iter().map(|p| p.meta().name.clone()).collect();
-        assert_eq!(names, [Some("cf-proxy-edge-abc".to_owned())]);
+        let mut names: Vec<_> = pods.iter().map(|p| p.meta().name.clone()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                Some("cf-proxy-edge-abc".to_owned()),
+                Some("cftunnel-proxy-6b7f9c4d8-x2x9k".to_owned())
+            ]
+        );
         assert_eq!(pods[0].spec, None, "the spec is not kept");
         assert_eq!(
             pods[0].status.as_ref().and_then(|s| s.pod_ip.as_deref()),
@@ -429,7 +440,7 @@ async fn a_pods_changes_start_no_round() {
             .seed(SEED)
             .start()
             .await;
-        let plane = "{app.kubernetes.io/managed-by: cftunnel-controller}";
+        let plane = "{app.kubernetes.io/name: cftunnel-proxy, app.kubernetes.io/managed-by: cftunnel-controller}";
         api.put(pod("cf-proxy-edge-abc", plane));
         let changed = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();

@@ -34,6 +34,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{- /* A pod template's labels: the chart's own and `name`, then the values' `extra`, which
+       add to them but change none (written once each: a key twice is invalid YAML to strict
+       readers). */ -}}
+{{- define "cftunnel.podLabels" -}}
+{{- $own := include "cftunnel.labels" .root | fromYaml -}}
+{{- $_ := set $own "app.kubernetes.io/name" .name -}}
+{{- toYaml (merge $own (.extra | default dict)) -}}
+{{- end -}}
+
 {{- define "cftunnel.controllerImage" -}}
 {{ .Values.image.controller.repository }}:{{ .Values.image.controller.tag | default .Chart.AppVersion }}
 {{- end -}}

@@ -55,6 +55,9 @@ pub use plan::{config_name, plan, Plans, Rendered};
 
 /// Label on every rendered object, valued with the Gateway's name (or its hashed short form).
 pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
+/// The label, and its value, every proxy pod carries: a rendered plane's (its selector) and the
+/// chart's shared pool's alike. The controller reads the pods' state by it.
+pub const PROXY_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "cftunnel-proxy");
 /// The environment variable the proxy reads its connector token from.
 pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
 /// The environment variable the proxy reads its config-API token from.

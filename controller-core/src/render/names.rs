@@ -6,7 +6,7 @@ use gateway_api::experimental::gateways::Gateway;
 
 use sha2::{Digest, Sha256};
 
-use super::{RenderError, GATEWAY_LABEL};
+use super::{RenderError, GATEWAY_LABEL, PROXY_POD_LABEL};
 
 /// Longest DNS-1035 label: the limit on Service names.
 const MAX_LABEL: usize = 63;
@@ -89,11 +89,9 @@ impl PlaneNames {
     /// The labels that select the plane's pods. A Deployment's selector cannot change, so
     /// nothing else goes in here.
     pub fn selector_labels(&self) -> BTreeMap<String, String> {
+        let (name, value) = PROXY_POD_LABEL;
         BTreeMap::from([
-            (
-                "app.kubernetes.io/name".to_owned(),
-                "cftunnel-proxy".to_owned(),
-            ),
+            (name.to_owned(), value.to_owned()),
             (GATEWAY_LABEL.to_owned(), self.gateway_label.clone()),
         ])
     }

@@ -66,8 +66,15 @@ pub const CRD_WAIT: Duration = Duration::from_secs(5);
 pub const LATE_LIST_CAP: Duration = Duration::from_secs(120);
 
 /// The label every rendered object carries, and the pods of rendered Deployments; only such
-/// Deployments and Pods are watched.
+/// Deployments, NetworkPolicies and autoscalers are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
+
+/// The proxy pods, of rendered planes and of the chart's shared pool alike
+/// ([`crate::render::PROXY_POD_LABEL`]); only they are watched of Pods.
+fn proxy_pods_selector() -> String {
+    let (name, value) = crate::render::PROXY_POD_LABEL;
+    format!("{name}={value}")
+}
 
 /// The RBAC rule the Pod watch needs, named when it is refused: a ClusterRole from before the
 /// controller read its planes' pods lacks it.
@@ -487,7 +494,7 @@ impl Stores {
             let resource = ApiResource::erase::<Pod>(&());
             let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
             let unreadable = Unreadable::default();
-            let events = watcher(api, all().labels(MANAGED_BY_SELECTOR))
+            let events = watcher(api, all().labels(&proxy_pods_selector()))
                 .modify(|pod: &mut DynamicObject| {
                     if let Some(data) = pod.data.as_object_mut() {
                         data.remove("spec");

@@ -232,3 +232,32 @@ fn a_dedicated_plane_spreads_its_replicas_as_the_pool_does_by_default() {
     }
     assert_eq!(pod_spec(&plane).topology_spread_constraints, Some(expected));
 }
+
+/// The shared pool's pods carry the label the controller reads proxy pods' state by, whatever
+/// labels the values add: the pool's failures name what its pods' state says, and a pool
+/// whose pods are still being created is not reported, as a rendered plane's.
+#[test]
+fn the_pools_pods_carry_the_label_the_controller_reads_proxy_pods_by() {
+    let Some(tools) = tools("the_pools_pods_carry_the_label_the_controller_reads_proxy_pods_by")
+    else {
+        return;
+    };
+    let (name, value) = cftunnel_controller::render::PROXY_POD_LABEL;
+    let overridden = format!("proxy:\n  podLabels:\n    {name}: other\n");
+    for file in values_files() {
+        for set in ["", overridden.as_str()] {
+            let rendered = render(tools, &file, set);
+            let deployment: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+            let labels = deployment
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.labels)
+                .unwrap_or_default();
+            assert_eq!(
+                labels.get(name).map(String::as_str),
+                Some(value),
+                "{file} {set}: {labels:?}"
+            );
+        }
+    }
+}

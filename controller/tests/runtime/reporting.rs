@@ -1270,6 +1270,77 @@ fn plane_pod_named(name: &str, reason: &str, message: &str) -> Value {
     })
 }
 
+/// The shared pool's pods are the chart's, not the controller's, and their state is read
+/// all the same: the pool's only pod cannot pull its image, and the route the pool serves is
+/// told so, naming the pod.
+#[tokio::test]
+async fn the_shared_pools_pods_are_told_of_as_a_planes_are() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let (down, _held) = closed_port();
+        let pool_pod = "cftunnel-proxy-6b7f9c4d8-x2x9k";
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                let pool = std::net::SocketAddr::from(([127, 0, 0, 1], down));
+                for doc in shared_seed(pool, echo.http_addr()).split("\n---\n") {
+                    if !doc.trim().is_empty() && !doc.contains("kind: EndpointSlice") {
+                        api.put(yaml(doc));
+                    }
+                }
+                api.put(config_slice(
+                    "cftunnel-system",
+                    "cftunnel-proxy",
+                    down,
+                    false,
+                ));
+                // As the chart labels it.
+                let mut pod = plane_pod_named(
+                    pool_pod,
+                    "ImagePullBackOff",
+                    "Back-off pulling image proxy:1",
+                );
+                pod["metadata"]["namespace"] = json!("cftunnel-system");
+                pod["metadata"]["labels"] = json!({
+                    "app.kubernetes.io/name": "cftunnel-proxy",
+                    "app.kubernetes.io/instance": "cftunnel",
+                    "app.kubernetes.io/managed-by": "Helm",
+                });
+                api.put(pod);
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    deployment: None,
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: Some((
+                        ObjectKey::new("cftunnel-system", "shared-tunnel"),
+                        "tunnel-token".to_owned(),
+                    )),
+                });
+            },
+        )
+        .await;
+        let failed = eventually("ProxyConfigPushed=False on www", || {
+            route_condition(&t.api, "tenant-s", "www", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["reason"], "PushFailed");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!(
+                "pod {pool_pod}: container proxy cannot pull image proxy:1 (ImagePullBackOff)"
+            )),
+            "{message}"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Whether `call` reports a push failure: a route status with `ProxyConfigPushed`, or a
 /// `ProxyConfigPushFailed` Event.
 fn push_failure_reported(call: &Call<'_>) -> bool {
