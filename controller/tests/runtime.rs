@@ -3107,6 +3107,42 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
     .expect("in time");
 }
 
+/// The plane of a Gateway reported failing on the routes of the other Gateway on its tunnel,
+/// whose pods then all go (none listed: scaled to zero, or replaced before a successor is
+/// listed), runs no connector: the edge hands it none of the tunnel's requests, so the other
+/// Gateway's routes are told its failure no more, though its run of failures is kept for a
+/// while (a minute) for its own.
+#[tokio::test]
+async fn a_plane_with_no_pod_listed_fails_no_other_gateways_routes_on_its_tunnel() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let (closed, _held) = closed_port();
+        let cloudflare = CloudflareApi::start().await;
+        let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
+        shop_serves(&edge, 200).await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-internal-config",
+            closed,
+            true,
+        ));
+        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+        t.api.put(yaml(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: cf-proxy-internal-config-x1, namespace: tenant-a, labels: {kubernetes.io/service-name: cf-proxy-internal-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}\naddressType: IPv4\nports: [{name: config, port: 8081}]\nendpoints: []\n",
+        ));
+        eventually("shop told internal's failure no more", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A broken Gateway's own routes join the other planes of its tunnel once: a route that a
 /// healthy Gateway on the tunnel has too is served on that Gateway's hostname as it is now and
 /// on the broken one's as it last was, and what the planes are given stays the same from round
