@@ -220,43 +220,35 @@ enum Wakes {
 /// [`readable`] leaves out an object it cannot read. A class left out is taken for deleted, and
 /// after a while the planes of its Gateways go with it; yet all the controller reads of a class
 /// is its spec, and it writes the status of its own classes whole, over what it left out.
-fn class_status_readable(event: watcher::Event<DynamicObject>) -> watcher::Event<DynamicObject> {
-    fn read(mut class: DynamicObject) -> DynamicObject {
-        let Some(status) = class.data.get("status") else {
-            return class;
-        };
-        if serde_json::from_value::<GatewayClassStatus>(status.clone()).is_ok() {
-            return class;
-        }
-        let mut left_out = Vec::new();
-        match class.data.get_mut("status").and_then(|s| s.as_object_mut()) {
-            Some(fields) => fields.retain(|field, value| {
-                let one = serde_json::json!({ field.as_str(): value });
-                let reads = serde_json::from_value::<GatewayClassStatus>(one).is_ok();
-                if !reads {
-                    left_out.push(field.clone());
-                }
-                reads
-            }),
-            None => {
-                if let Some(data) = class.data.as_object_mut() {
-                    data.remove("status");
-                }
-                left_out.push("status".to_owned());
+fn class_status_readable(class: &mut DynamicObject) {
+    let Some(status) = class.data.get("status") else {
+        return;
+    };
+    if serde_json::from_value::<GatewayClassStatus>(status.clone()).is_ok() {
+        return;
+    }
+    let mut left_out = Vec::new();
+    match class.data.get_mut("status").and_then(|s| s.as_object_mut()) {
+        Some(fields) => fields.retain(|field, value| {
+            let one = serde_json::json!({ field.as_str(): value });
+            let reads = serde_json::from_value::<GatewayClassStatus>(one).is_ok();
+            if !reads {
+                left_out.push(field.clone());
             }
+            reads
+        }),
+        None => {
+            if let Some(data) = class.data.as_object_mut() {
+                data.remove("status");
+            }
+            left_out.push("status".to_owned());
         }
-        tracing::info!(
-            class = class.metadata.name.as_deref().unwrap_or_default(),
-            fields = ?left_out,
-            "GatewayClass status fields unreadable by this build; the class is read without them"
-        );
-        class
     }
-    match event {
-        watcher::Event::Apply(class) => watcher::Event::Apply(read(class)),
-        watcher::Event::InitApply(class) => watcher::Event::InitApply(read(class)),
-        other => other,
-    }
+    tracing::info!(
+        class = class.metadata.name.as_deref().unwrap_or_default(),
+        fields = ?left_out,
+        "GatewayClass status fields unreadable by this build; the class is read without them"
+    );
 }
 
 /// The rendered NetworkPolicies and autoscalers there are now, by namespace and name.
@@ -334,11 +326,26 @@ impl Stores {
             K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Default + Debug,
             K: Send + Sync + 'static,
         {
+            let events = readable_events(client, config, unreadable, |_| {});
+            cache(events, Kept::Read, shared, tasks)
+        }
+        /// The events of `K` as [`watch_each`] reads them, each object passed through `prepare`
+        /// as it comes, before it is read as a `K`.
+        fn readable_events<K>(
+            client: &Client,
+            config: watcher::Config,
+            unreadable: Arc<Unreadable>,
+            prepare: impl FnMut(&mut DynamicObject) + Send + 'static,
+        ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+        where
+            K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Default + Debug,
+            K: Send + Sync + 'static,
+        {
             let resource = ApiResource::erase::<K>(&());
             let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-            let events = watcher(api, config)
-                .try_filter_map(move |event| future::ready(Ok(readable(event, &unreadable))));
-            cache(events, Kept::Read, shared, tasks)
+            watcher(api, config)
+                .modify(prepare)
+                .try_filter_map(move |event| future::ready(Ok(readable(event, &unreadable))))
         }
         /// Caches `events`, keeping what `kept` says of them (retrying a failed watch with
         /// backoff, each failure counted, noted as absent or not, and logged).
@@ -477,31 +484,21 @@ impl Stores {
             });
         // Read as [`watch_each`] reads, each class with the status it can read.
         let gateway_classes = {
-            let resource = ApiResource::erase::<GatewayClass>(&());
-            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-            let unreadable = Unreadable::default();
-            let events = watcher(api, all())
-                .map_ok(class_status_readable)
-                .try_filter_map(move |event| {
-                    future::ready(Ok(readable::<GatewayClass>(event, &unreadable)))
-                });
+            let unreadable = Arc::default();
+            let events =
+                readable_events::<GatewayClass>(client, all(), unreadable, class_status_readable);
             cache(events, Kept::Read, &shared, tasks)
         };
         // Read as [`watch_each`] reads (a pod this build cannot read is left out, not every
         // plane's), without their specs: only their state is read, and a pod's spec is most of
         // it.
         let pods = {
-            let resource = ApiResource::erase::<Pod>(&());
-            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-            let unreadable = Unreadable::default();
-            let events = watcher(api, all().labels(&proxy_pods_selector()))
-                .modify(|pod: &mut DynamicObject| {
+            let selector = proxy_pods_selector();
+            let events =
+                readable_events::<Pod>(client, all().labels(&selector), Arc::default(), |pod| {
                     if let Some(data) = pod.data.as_object_mut() {
                         data.remove("spec");
                     }
-                })
-                .try_filter_map(move |event| {
-                    future::ready(Ok(readable::<Pod>(event, &unreadable)))
                 });
             let logged = Logged::RefusalOnce {
                 needs: POD_ACCESS,
