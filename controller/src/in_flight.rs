@@ -170,15 +170,19 @@ where
                 None => next.await,
             };
             let Some(joined) = joined else { break };
-            self.collect(&mut done);
             self.reap(joined, &mut done);
+            self.collect(&mut done);
         }
         done
     }
 
-    /// Reads the outcomes told, then reaps the tasks that ended. (One that tells its outcome
-    /// meanwhile is read by the next call, which the wake it sends brings.)
+    /// Reaps the tasks that ended, then reads the outcomes told: every task reaped told its
+    /// outcome before it ended, so none is left behind with its key still running. (One that
+    /// tells its outcome meanwhile is read now, and reaped by a later call.)
     fn collect(&mut self, done: &mut Vec<Finished<K, T>>) {
+        while let Some(joined) = self.tasks.try_join_next_with_id() {
+            self.reap(joined, done);
+        }
         let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(PoisonError::into_inner));
         for (id, key, outcome) in ended {
             if let Some(digest) = self.superseded.remove(&id) {
@@ -188,9 +192,6 @@ where
                     done.push((key, running.digest, Some(outcome)));
                 }
             }
-        }
-        while let Some(joined) = self.tasks.try_join_next_with_id() {
-            self.reap(joined, done);
         }
     }
 

@@ -1073,7 +1073,7 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
     // Past the budget with one more rule, seen by a controller that starts afresh; the pod
     // with the newest document answers last.
     doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
-    let slow = slow_port(ahead.admin_addr(), Duration::from_millis(300)).await;
+    let slow = support::slow_port(ahead.admin_addr(), Duration::from_millis(300)).await;
     let round = weighed_round(&mut Pusher::default(), &[behind.admin_addr(), slow], &doc).await;
     let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
     assert_eq!(refused, [Some("new/r/0")], "{round:?}");
@@ -1116,25 +1116,6 @@ fn regex_rule(backend: SocketAddr, pattern: &str, name: &str) -> Rule {
             .rules
             .remove(0)
     }
-}
-
-/// A port in front of `pod` that answers each connection `delay` late.
-async fn slow_port(pod: SocketAddr, delay: Duration) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-                }
-            });
-        }
-    });
-    addr
 }
 
 /// A round of `doc` with its regexes weighed as the controller weighs a plane's.

@@ -5545,6 +5545,73 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
     .expect("in time");
 }
 
+/// A controller that takes over (a restart here) from one that told a route a rule of it was
+/// refused keeps the refusal its status carries until its own push to the pod says (here
+/// rounds later: the pod answers slowly), and sends no second `ProxyRuleRefused`.
+#[tokio::test]
+async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
+        // Each call to the pod answered past a round's wait for its pushes: the new
+        // controller's first rounds have no outcome of the pool's.
+        let slow = support::slow_port(older.addr(), Duration::from_millis(1200)).await;
+        let (api, stop, controller) =
+            on_the_pool(slow, echo.http_addr(), &format!("---\n{cors_route}")).await;
+        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        let told = |api: &ApiServer| {
+            api.list("Event")
+                .into_iter()
+                .filter(|e| e["reason"] == "ProxyRuleRefused")
+                .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+                .sum::<u64>()
+        };
+        eventually("a ProxyRuleRefused Event", || (told(&api) == 1).then_some(())).await;
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = api.forbid(move |c| {
+            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
+            if cors && !c.body.to_string().contains("RuleRefused") {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            false
+        });
+        let (stop, controller) = pool_controller(&api);
+        // The new controller's rounds: a route added is accepted.
+        api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
+        eventually("the added route accepted", || {
+            route_condition(&api, "tenant-s", "later", "Accepted").filter(|c| c["status"] == "True")
+        })
+        .await;
+        // Past the new controller's first push outcome (two calls, each 1.2 s late).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
+            Some(refused["message"].clone())
+        );
+        assert_eq!(told(&api), 1, "told once, by the first controller");
+        assert!(
+            !dropped.load(std::sync::atomic::Ordering::SeqCst),
+            "the route's status was written without the refusal"
+        );
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
 /// The shared pool's document past the regex budget a proxy holds, after the oldest route is
 /// edited to a costly regex: that rule is left out before the pod sees it, its route says so,
 /// and every other tenant's rule stays served. A pod counting in document order would have
@@ -5652,6 +5719,17 @@ async fn on_the_pool(
         ))
         .start()
         .await;
+    let (stop, controller) = pool_controller(&api);
+    (api, stop, controller)
+}
+
+/// A controller against `api` serving the pool of [`on_the_pool`], stopped through the sender.
+fn pool_controller(
+    api: &ApiServer,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let options = RuntimeOptions {
         resync: Duration::from_millis(100),
         shared: Some(SharedPlane {
@@ -5668,7 +5746,7 @@ async fn on_the_pool(
     let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
         let _ = stopped.await;
     }));
-    (api, stop, controller)
+    (stop, controller)
 }
 
 /// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.

@@ -601,13 +601,23 @@ struct Reconciler {
     /// Routes this process has reported on since it took the lead: for one not among them,
     /// the warnings its status already carries were told by an earlier leader.
     reported_routes: HashSet<String>,
-    /// Planes whose routes an earlier leader told their pods had not taken the config, as
-    /// their status said when this process took the lead (`None` before its first round),
-    /// until this process has a verdict of its own: a push that reaches the pods, or a run of
-    /// failures it reports. Meanwhile their routes keep what they were told: a new leader
-    /// would otherwise take the report back for the rounds a run of failures takes, or the
-    /// start grace, and tell it again after.
-    inherited_push_failures: Option<HashSet<PlaneKey>>,
+    /// Routes this process has found rules of refused since it took the lead: for one not
+    /// among them, a refusal its status already carries was told by an earlier leader.
+    refusals_found: HashSet<String>,
+    /// Planes with a push outcome of this process's since it took the lead. Until then, a
+    /// refusal of a route's rule its status carries stands.
+    pushed_planes: HashSet<PlaneKey>,
+    /// Planes whose routes an earlier leader told their pods, or those of another plane on
+    /// their tunnel, had not taken the config (as their status said when this process took
+    /// the lead; `None` before its first round), with the other planes of their tunnels:
+    /// whether this process has a verdict of its own on each, a push that reaches its pods or
+    /// a run of failures it reports. A tunnel's planes keep what they were told until each
+    /// has one ([`Reconciler::settle_inherited`]): a new leader would otherwise take the
+    /// report back for the rounds a run of failures takes, or the start grace, and tell it
+    /// again after.
+    inherited_push_failures: Option<HashMap<PlaneKey, bool>>,
+    /// When this process took the lead.
+    took_lead: std::time::Instant,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
     /// Per Gateway uid: the render whose apply failed last, answered with its error until the
@@ -967,7 +977,10 @@ impl Reconciler {
             refused_told: HashMap::new(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
+            refusals_found: HashSet::new(),
+            pushed_planes: HashSet::new(),
             inherited_push_failures: None,
+            took_lead: std::time::Instant::now(),
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX).waking(Arc::clone(&wake)),
             removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
@@ -1463,6 +1476,8 @@ impl Reconciler {
             let told = self.planes_told_push_failed(snapshot, &output, &planes);
             self.inherited_push_failures = Some(told);
         }
+        self.pushed_planes
+            .extend(outcomes.iter().map(|(plane, _)| plane.clone()));
         for (plane, outcome) in &outcomes {
             // Its next push still runs: this one was counted when it came.
             if outcome.repeated {
@@ -1573,11 +1588,18 @@ impl Reconciler {
                 None => {
                     self.push_failures.remove(plane);
                     self.starting_told.remove(plane);
-                    self.inherit_no_more(plane);
+                    // With no pod listed nothing was pushed: what an earlier leader told stays
+                    // as long as this process would keep a run of failures of its own.
+                    if !outcome.pods.is_empty()
+                        || self.took_lead.elapsed() >= self.options.podless_keep
+                    {
+                        self.inherit_no_more(plane);
+                    }
                 }
                 Some(_) => {}
             }
         }
+        self.settle_inherited(&planes);
         self.roll_pool_refusing_token(&outcomes, &planes, pool);
         // Series of planes that went away go with them.
         for plane in self.pusher.planes() {
@@ -1594,8 +1616,10 @@ impl Reconciler {
         self.starting_told
             .retain(|plane| output.configs.contains_key(plane));
         if let Some(inherited) = &mut self.inherited_push_failures {
-            inherited.retain(|plane| output.configs.contains_key(plane));
+            inherited.retain(|plane, _| output.configs.contains_key(plane));
         }
+        self.pushed_planes
+            .retain(|plane| output.configs.contains_key(plane));
 
         self.write_statuses(
             snapshot,

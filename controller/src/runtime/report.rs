@@ -802,15 +802,16 @@ impl Reconciler {
             if ours.is_empty() && !had_ours {
                 continue;
             }
-            // The push failure an earlier leader told for a parent, as the status says.
-            let pushed_before = |parent: &translate::ParentRef| {
+            // What an earlier leader told a parent of the config pushed, with `reason`
+            // (`PushFailed`, `RuleRefused`), as the status says.
+            let told_before = |parent: &translate::ParentRef, reason: &str| {
                 status::condition_before(
                     existing.as_ref(),
                     controller,
                     [parent],
                     PROXY_CONFIG_PUSHED,
                 )
-                .filter(|c| c["status"] == "False" && c["reason"] == "PushFailed")
+                .filter(|c| c["status"] == "False" && c["reason"] == reason)
                 .map(|c| c["message"].as_str().unwrap_or_default())
             };
             let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
@@ -920,7 +921,7 @@ impl Reconciler {
                     });
                 } else if let Some(told) = self
                     .inherited(plane)
-                    .then(|| pushed_before(&parent.parent_ref))
+                    .then(|| told_before(&parent.parent_ref, "PushFailed"))
                     .flatten()
                 {
                     conditions.push(KubeCondition {
@@ -936,6 +937,18 @@ impl Reconciler {
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
                         message: refused.join("; "),
+                        observed_generation: meta.generation,
+                    });
+                } else if let Some(told) = (!self.pushed_planes.contains(plane))
+                    .then(|| told_before(&parent.parent_ref, "RuleRefused"))
+                    .flatten()
+                {
+                    // Not pushed by this process yet: the refusal stands until a push says.
+                    conditions.push(KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: Truth::False,
+                        reason: "RuleRefused".to_owned(),
+                        message: told.to_owned(),
                         observed_generation: meta.generation,
                     });
                 }
@@ -956,7 +969,7 @@ impl Reconciler {
             // verdict takes over.
             let inherited_told = ours.iter().any(|parent| {
                 serving(parent).is_some_and(|p| self.inherited(p))
-                    && pushed_before(&parent.parent_ref).is_some()
+                    && told_before(&parent.parent_ref, "PushFailed").is_some()
             });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
@@ -1017,11 +1030,21 @@ impl Reconciler {
                 }
             }
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
+            // Likewise the first refusal of the route's rules this process finds (a push's
+            // outcome, which may come rounds after the route's first report).
             if let Some(note) = &refused {
-                let said_before = before(PROXY_CONFIG_PUSHED)
+                if self.refusals_found.insert(told_key.clone()) {
+                    let parents = ours.iter().map(|parent| &parent.parent_ref);
+                    let said_before = status::condition_before(
+                        existing.as_ref(),
+                        controller,
+                        parents,
+                        PROXY_CONFIG_PUSHED,
+                    )
                     .is_some_and(|c| said(c, "False", Some("RuleRefused"), note));
-                if said_before {
-                    self.refused_told.insert(told_key.clone(), note.clone());
+                    if said_before {
+                        self.refused_told.insert(told_key.clone(), note.clone());
+                    }
                 }
             }
             match refused {
@@ -1092,6 +1115,8 @@ impl Reconciler {
         self.push_failed_told
             .retain(|route| routes_seen.contains(route));
         self.reported_routes
+            .retain(|route| routes_seen.contains(route));
+        self.refusals_found
             .retain(|route| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.write_ownership_parents(&mut writes, snapshot, output);
@@ -1179,15 +1204,38 @@ impl Reconciler {
     pub(super) fn inherited(&self, plane: &PlaneKey) -> bool {
         self.inherited_push_failures
             .as_ref()
-            .is_some_and(|planes| planes.contains(plane))
+            .is_some_and(|planes| planes.contains_key(plane))
     }
 
-    /// `plane` has a verdict of this process's own: what an earlier leader told its routes
-    /// no longer stands in for it.
+    /// `plane` has a verdict of this process's own ([`Reconciler::settle_inherited`]).
     pub(super) fn inherit_no_more(&mut self, plane: &PlaneKey) {
-        if let Some(planes) = &mut self.inherited_push_failures {
-            planes.remove(plane);
+        if let Some(verdict) = self
+            .inherited_push_failures
+            .as_mut()
+            .and_then(|planes| planes.get_mut(plane))
+        {
+            *verdict = true;
         }
+    }
+
+    /// Ends what an earlier leader told the planes of each tunnel whose every plane has a
+    /// verdict of this process's own: a route's failure may have been another plane's on its
+    /// tunnel, which a push reaching the route's own pods says nothing of.
+    pub(super) fn settle_inherited(&mut self, planes: &BTreeMap<PlaneKey, PlaneInfo>) {
+        let Some(inherited) = &mut self.inherited_push_failures else {
+            return;
+        };
+        let tunnel = |plane: &PlaneKey| planes.get(plane).and_then(|info| info.identity.as_ref());
+        let undecided: Vec<_> = inherited
+            .iter()
+            .filter(|(_, decided)| !**decided)
+            .map(|(plane, _)| (plane.clone(), tunnel(plane)))
+            .collect();
+        inherited.retain(|plane, _| {
+            undecided.iter().any(|(other, other_tunnel)| {
+                other == plane || (other_tunnel.is_some() && *other_tunnel == tunnel(plane))
+            })
+        });
     }
 
     /// The planes an earlier leader told routes their pods had not taken the config
@@ -1200,7 +1248,7 @@ impl Reconciler {
         snapshot: &Snapshot,
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
-    ) -> HashSet<PlaneKey> {
+    ) -> HashMap<PlaneKey, bool> {
         let controller = self.options.translate.controller_name.as_str();
         let statuses = snapshot
             .http_routes
@@ -1250,7 +1298,17 @@ impl Reconciler {
                 }
             }
         }
-        told
+        // The failure told may have been another plane's on the tunnel.
+        let tunnels: Vec<_> = told
+            .iter()
+            .filter_map(|plane| planes.get(plane)?.identity.as_ref())
+            .collect();
+        let peers = planes
+            .iter()
+            .filter(|(_, info)| info.identity.as_ref().is_some_and(|t| tunnels.contains(&t)))
+            .map(|(plane, _)| plane.clone());
+        told.extend(peers.collect::<Vec<_>>());
+        told.into_iter().map(|plane| (plane, false)).collect()
     }
 
     /// Per plane whose tunnel's document could not be written, or is still being written,

@@ -1233,10 +1233,10 @@ async fn reads_back_left_for_lack_of_room_start_even_when_those_outstanding_end_
             write_all(&mut sync, &api, some).await;
         }
         tokio::time::sleep(period + period / 10 + Duration::from_millis(50)).await;
-        // The same records, read through an address nothing listens on.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
-        let gone = format!("http://{}", closed.local_addr().expect("address"));
-        drop(closed);
+        // The same records, read through an address that refuses connections.
+        let (closed, _held) =
+            cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
+        let gone = format!("http://{closed}");
         let mut unreachable = prometheus_client::registry::Registry::default();
         let calls = ApiCalls::default();
         calls.register(&mut unreachable);

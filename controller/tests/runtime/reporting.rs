@@ -27,8 +27,9 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, host_serves, proxy_pod, route_condition, route_parent, shared_seed,
-    shop_serves, uuid_of, Tenant, PROXY_CONFIG_PUSHED, TUNNEL_ID,
+    closed_port, config_slice, host_serves, internal_joins_edge, proxy_pod, push_failure_names,
+    route_condition, route_parent, shared_seed, shop_serves, uuid_of, Tenant, PROXY_CONFIG_PUSHED,
+    TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
 
@@ -531,9 +532,84 @@ async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
     .expect("in time");
 }
 
+/// A controller that takes over from one that told a route the failure of another Gateway's
+/// pods on its tunnel (`internal`'s, which refuse every push) keeps the report though the
+/// route's own plane takes the config at once, until its own run of failures of `internal`
+/// is reported: no moment without it, no second Event.
+#[tokio::test]
+async fn a_new_leader_keeps_a_failure_of_another_plane_on_the_tunnel_told_before() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let (closed, _held) = closed_port();
+        let cloudflare = CloudflareApi::start().await;
+        let mut t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
+        shop_serves(&edge, 200).await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-internal-config",
+            closed,
+            true,
+        ));
+        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+        eventually("shop's ProxyConfigPushFailed", || {
+            (times_told(&t.api, "shop", "ProxyConfigPushFailed") == 1).then_some(())
+        })
+        .await;
+        let told = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = t.api.forbid(move |c| {
+            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
+            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let before = internal_failures(&t);
+        t.restart(|_| {}).await;
+        // Past the new controller's sustained rounds (three).
+        eventually("the new controller's failed pushes to internal", || {
+            (internal_failures(&t) >= before + 4).then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .map(|c| c["reason"].clone()),
+            told.map(|c| c["reason"].clone())
+        );
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "shop's status was written without the report"
+        );
+        assert_eq!(
+            times_told(&t.api, "shop", "ProxyConfigPushFailed"),
+            1,
+            "{:?}",
+            events_about(&t.api, "shop")
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Failed pushes to tenant-a/internal's pods so far, on `/metrics`.
+fn internal_failures(t: &Tenant) -> u64 {
+    let text = t.health.metrics_text().unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/internal\"} ")
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A controller that takes over (a restart here, as for another replica taking the lead) from
 /// one that told a route a warning (`RouteShadowed`) sends it no second Event: the route's
-/// status carries the warning, so it was told. A warning that changes is told again.
+/// status carries the warning, so it was told.
 #[tokio::test]
 async fn a_new_leader_does_not_tell_again_the_warnings_a_routes_status_carries() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -1579,23 +1655,23 @@ async fn a_new_leader_goes_on_from_the_push_failure_an_earlier_one_told() {
         })
         .await;
 
-        // From here on, no status written without the report.
+        // From here on, no status of shop's written without the report.
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
         let _watching = t.api.forbid(move |c| {
-            if c.method == "PATCH"
-                && c.kind == "HTTPRoute"
-                && !c.body.to_string().contains(PROXY_CONFIG_PUSHED)
-            {
+            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
+            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
                 flag.store(true, Ordering::SeqCst);
             }
             false
         });
 
-        // Same pod, same failure: the new controller's rounds tell nothing new.
+        // Same pod, same failure: the new controller's rounds tell nothing new, its own run
+        // of failures reported (past the sustained rounds, three) included.
+        let before = failed_pushes(&t);
         t.restart(grace).await;
         eventually("the new controller's failed pushes", || {
-            (failed_pushes(&t) >= 4).then_some(())
+            (failed_pushes(&t) >= before + 4).then_some(())
         })
         .await;
         t.rounds(3, Duration::from_millis(300)).await;
@@ -1611,12 +1687,28 @@ async fn a_new_leader_goes_on_from_the_push_failure_an_earlier_one_told() {
             events_about(&t.api, "shop")
         );
 
-        // The pod replaced by one being created, as the lead changes hands again.
-        let replacement = "cf-proxy-edge-7c9d5b8f6-r8wtn";
+        // The pod gone, its successor not listed yet, as the lead changes hands again: no
+        // pod is listed to push to, and the report stands.
         assert!(t.api.delete("v1", "Pod", "tenant-a", PLANE_POD));
+        t.api.put(empty_config_slice());
+        t.restart(grace).await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
+            Some(failed["message"].clone()),
+            "kept with no pod listed"
+        );
+        // The successor, being created.
+        let replacement = "cf-proxy-edge-7c9d5b8f6-r8wtn";
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            down,
+            false,
+        ));
         t.api
             .put(plane_pod_named(replacement, "ContainerCreating", ""));
-        t.restart(grace).await;
         let recreated = eventually("the route told the pods are created again", || {
             route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).filter(|c| {
                 c["message"].as_str().is_some_and(|m| {

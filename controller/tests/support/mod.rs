@@ -102,3 +102,25 @@ pub fn condition<'a>(
 ) -> Option<&'a serde_json::Value> {
     conditions.as_array()?.iter().find(|c| c["type"] == kind)
 }
+
+/// A port in front of `pod` that answers each connection `delay` late.
+pub async fn slow_port(
+    pod: std::net::SocketAddr,
+    delay: std::time::Duration,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}

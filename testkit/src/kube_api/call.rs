@@ -7,6 +7,8 @@ pub struct Call<'a> {
     pub method: &'a str,
     /// The kind of the resource, or of the discovery document (`APIGroupList`, …).
     pub kind: &'static str,
+    /// The name of the object the path names; `None` for a list, a create or discovery.
+    pub name: Option<&'a str>,
     /// The request's body as JSON; `Null` when it has none (or it is not JSON).
     pub body: &'a Value,
 }

@@ -108,6 +108,7 @@ impl Front {
             let call = Call {
                 method: method.as_str(),
                 kind,
+                name: None,
                 body: &Value::Null,
             };
             return self
@@ -180,6 +181,7 @@ impl Front {
         let call = Call {
             method: method.as_str(),
             kind,
+            name: target.name.as_deref(),
             body: &json,
         };
         self.admitted(

@@ -122,6 +122,7 @@ mod tests {
         Call {
             method,
             kind: "Secret",
+            name: None,
             body: &Value::Null,
         }
     }

@@ -121,6 +121,7 @@ mod tests {
         Call {
             method: "GET",
             kind,
+            name: None,
             body: &Value::Null,
         }
     }
