@@ -245,6 +245,32 @@ async fn terminate(child: &tokio::process::Child, admin: std::net::SocketAddr) {
     }
 }
 
+/// Waits (up to 5 s) until the listener on `addr` (127.0.0.1) has no connection waiting to be
+/// accepted: its accept queue, which Linux shows as the listening socket's receive queue in
+/// `/proc/net/tcp`.
+async fn accepted(addr: std::net::SocketAddr) {
+    let local = format!("0100007F:{:04X}", addr.port());
+    let by = Instant::now() + Duration::from_secs(5);
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let waiting = table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local address, remote address, state (0A: listening), tx_queue:rx_queue
+            (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+                .then(|| fields.get(4)?.split(':').nth(1).map(|q| q != "00000000"))
+                .flatten()
+        });
+        if waiting == Some(false) {
+            return;
+        }
+        assert!(
+            Instant::now() < by,
+            "the proxy accepts the connection: {waiting:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Waits up to `within` for `child` to exit; its exit code, and how long it took.
 async fn exit_of(child: &mut tokio::process::Child, within: Duration) -> (Option<i32>, Duration) {
     let started = Instant::now();
@@ -266,6 +292,9 @@ async fn a_connection_silent_when_the_drain_begins_closes_after_its_first_respon
         let doc = serde_json::json!({"version": 1, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
         let (mut child, data, admin, dir) = ready_proxy("silent-drain", &doc, "30s", &[]).await;
         let mut silent = tokio::net::TcpStream::connect(data).await.expect("connect");
+        // Open means taken by the proxy: one still in the listener's queue is refused with
+        // the listener as the drain begins.
+        accepted(data).await;
         terminate(&child, admin).await;
         silent
             .write_all(b"GET /late HTTP/1.1\r\nHost: h\r\n\r\n")
