@@ -3110,8 +3110,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
 /// The plane of a Gateway reported failing on the routes of the other Gateway on its tunnel,
 /// whose pods then all go (none listed: scaled to zero, or replaced before a successor is
 /// listed), runs no connector: the edge hands it none of the tunnel's requests, so the other
-/// Gateway's routes are told its failure no more, though its run of failures is kept for a
-/// while (a minute) for its own.
+/// Gateway's routes are told its failure no more.
 #[tokio::test]
 async fn a_plane_with_no_pod_listed_fails_no_other_gateways_routes_on_its_tunnel() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -5587,15 +5586,25 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
             }
             false
         });
-        let (stop, controller) = pool_controller(&api);
+        let (stop, controller, health) = pool_controller(&api);
         // The new controller's rounds: a route added is accepted.
         api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
         eventually("the added route accepted", || {
             route_condition(&api, "tenant-s", "later", "Accepted").filter(|c| c["status"] == "True")
         })
         .await;
-        // Past the new controller's first push outcome (two calls, each 1.2 s late).
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // Past the new controller's first push outcome (each call to the pod 1.2 s late).
+        eventually("the new controller's push to the pool", || {
+            let metrics = health.metrics_text().ok()?;
+            metrics
+                .lines()
+                .any(|l| {
+                    l.starts_with("cftunnel_controller_push_duration_seconds_count{plane=\"shared\"}")
+                })
+                .then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
             Some(refused["message"].clone())
@@ -5605,6 +5614,96 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
             !dropped.load(std::sync::atomic::Ordering::SeqCst),
             "the route's status was written without the refusal"
         );
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over while the pod that refused a rule does not answer (its config
+/// port gone for a while) keeps the refusal the route's status carries through its failed
+/// pushes, and once the pod answers, refusing the rule again, sends no second
+/// `ProxyRuleRefused`: a push that reached no pod says nothing of what the pods refuse.
+#[tokio::test]
+async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let open = Arc::new(AtomicBool::new(true));
+        let gate = support::gated_port(older.addr(), Arc::clone(&open)).await;
+        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
+        let (api, stop, controller) =
+            on_the_pool(gate, echo.http_addr(), &format!("---\n{cors_route}")).await;
+        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        let told = |api: &ApiServer| {
+            api.list("Event")
+                .into_iter()
+                .filter(|e| e["reason"] == "ProxyRuleRefused")
+                .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+                .sum::<u64>()
+        };
+        eventually("a ProxyRuleRefused Event", || (told(&api) == 1).then_some(())).await;
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = api.forbid(move |c| {
+            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
+            if cors && !c.body.to_string().contains("RuleRefused") {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        open.store(false, Ordering::SeqCst);
+        let (stop, controller, health) = pool_controller(&api);
+        let failures = |health: &runtime::health::Health| {
+            let metrics = health.metrics_text().unwrap_or_default();
+            metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"shared\"} ")
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        eventually("the new controller's failed pushes", || {
+            (failures(&health) >= 3).then_some(())
+        })
+        .await;
+        open.store(true, Ordering::SeqCst);
+        eventually("the new controller's push to the pool", || {
+            let metrics = health.metrics_text().ok()?;
+            metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(
+                        "cftunnel_controller_push_duration_seconds_count{plane=\"shared\"} ",
+                    )
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .filter(|n| *n > failures(&health))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
+            Some(refused["message"].clone())
+        );
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the route's status was written without the refusal"
+        );
+        assert_eq!(told(&api), 1, "told once, by the first controller");
         let _ = stop.send(());
         controller.await.expect("task").expect("the controller stops cleanly");
     })
@@ -5719,16 +5818,18 @@ async fn on_the_pool(
         ))
         .start()
         .await;
-    let (stop, controller) = pool_controller(&api);
+    let (stop, controller, _) = pool_controller(&api);
     (api, stop, controller)
 }
 
-/// A controller against `api` serving the pool of [`on_the_pool`], stopped through the sender.
+/// A controller against `api` serving the pool of [`on_the_pool`], stopped through the sender,
+/// and its health (its metrics).
 fn pool_controller(
     api: &ApiServer,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
+    std::sync::Arc<runtime::health::Health>,
 ) {
     let options = RuntimeOptions {
         resync: Duration::from_millis(100),
@@ -5743,10 +5844,15 @@ fn pool_controller(
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let health = std::sync::Arc::new(runtime::health::Health::default());
-    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-        let _ = stopped.await;
-    }));
-    (stop, controller)
+    let controller = tokio::spawn(runtime::run(
+        api.client(),
+        options,
+        std::sync::Arc::clone(&health),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, controller, health)
 }
 
 /// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.

@@ -609,13 +609,12 @@ struct Reconciler {
     pushed_planes: HashSet<PlaneKey>,
     /// Planes whose routes an earlier leader told their pods, or those of another plane on
     /// their tunnel, had not taken the config (as their status said when this process took
-    /// the lead; `None` before its first round), with the other planes of their tunnels:
-    /// whether this process has a verdict of its own on each, a push that reaches its pods or
-    /// a run of failures it reports. A tunnel's planes keep what they were told until each
-    /// has one ([`Reconciler::settle_inherited`]): a new leader would otherwise take the
-    /// report back for the rounds a run of failures takes, or the start grace, and tell it
-    /// again after.
-    inherited_push_failures: Option<HashMap<PlaneKey, bool>>,
+    /// the lead; `None` before its first round), with the other planes of their tunnels. A
+    /// tunnel's planes keep what they were told until each has a verdict of this process's
+    /// own ([`Reconciler::settle_inherited`]): a new leader would otherwise take the report
+    /// back for the rounds a run of failures takes, or the start grace, and tell it again
+    /// after.
+    inherited_push_failures: Option<HashMap<PlaneKey, report::Inherited>>,
     /// When this process took the lead.
     took_lead: std::time::Instant,
     /// Per Gateway uid: the plane last applied.
@@ -1476,8 +1475,21 @@ impl Reconciler {
             let told = self.planes_told_push_failed(snapshot, &output, &planes);
             self.inherited_push_failures = Some(told);
         }
-        self.pushed_planes
-            .extend(outcomes.iter().map(|(plane, _)| plane.clone()));
+        for (plane, outcome) in &outcomes {
+            // What the pods refuse is known once one answers, or none is listed.
+            let answered = outcome.pods.is_empty()
+                || !outcome.refused.is_empty()
+                || outcome
+                    .pods
+                    .iter()
+                    .any(|(_, o)| !matches!(o, PodOutcome::Failed(_)));
+            if answered {
+                self.pushed_planes.insert(plane.clone());
+            }
+            if !outcome.pods.is_empty() {
+                self.inherited_pushed(plane);
+            }
+        }
         for (plane, outcome) in &outcomes {
             // Its next push still runs: this one was counted when it came.
             if outcome.repeated {
@@ -1515,7 +1527,7 @@ impl Reconciler {
             let states = match planes.get(plane) {
                 Some(info) if outcome.all_down() && outcome.sustained_failure => {
                     let reported = self.push_failures.get(plane).is_some_and(|f| !f.starting)
-                        || self.inherited(plane);
+                        || self.inherited_told(plane);
                     let run = pod_states::FailureRun {
                         failing_for: outcome.failing_for,
                         reported,
@@ -1589,10 +1601,9 @@ impl Reconciler {
                     self.push_failures.remove(plane);
                     self.starting_told.remove(plane);
                     // With no pod listed nothing was pushed: what an earlier leader told stays
-                    // as long as this process would keep a run of failures of its own.
-                    if !outcome.pods.is_empty()
-                        || self.took_lead.elapsed() >= self.options.podless_keep
-                    {
+                    // as long as this process would keep a run of failures of its own
+                    // ([`Reconciler::settle_inherited`]).
+                    if !outcome.pods.is_empty() {
                         self.inherit_no_more(plane);
                     }
                 }

@@ -513,6 +513,18 @@ fn content_digest(status: &Value) -> Vec<u8> {
         .to_vec()
 }
 
+/// What an earlier leader told of a plane's pushes, kept by a new one
+/// ([`Reconciler::inherited_push_failures`]).
+#[derive(Debug)]
+pub(super) struct Inherited {
+    /// The plane's own routes carried the failure; otherwise it is a peer on such a tunnel.
+    pub(super) told: bool,
+    /// This process has a verdict of its own on the plane.
+    pub(super) decided: bool,
+    /// When a push of this process's last tried the plane's listed pods (or it took the lead).
+    pub(super) pushed: std::time::Instant,
+}
+
 impl Reconciler {
     /// An Event to publish through [`StatusWrites::event`], which records `told` once taken.
     pub(super) fn event(
@@ -1207,28 +1219,61 @@ impl Reconciler {
             .is_some_and(|planes| planes.contains_key(plane))
     }
 
+    /// Whether `plane`'s own routes were told its failure, or a peer's, by an earlier leader:
+    /// its run of failures was reported, and its pods being created again say so at once.
+    /// (A peer on such a tunnel whose routes were told nothing still goes by the grace.)
+    pub(super) fn inherited_told(&self, plane: &PlaneKey) -> bool {
+        self.inherited_push_failures
+            .as_ref()
+            .and_then(|planes| planes.get(plane))
+            .is_some_and(|inherited| inherited.told)
+    }
+
     /// `plane` has a verdict of this process's own ([`Reconciler::settle_inherited`]).
     pub(super) fn inherit_no_more(&mut self, plane: &PlaneKey) {
-        if let Some(verdict) = self
+        if let Some(inherited) = self
             .inherited_push_failures
             .as_mut()
             .and_then(|planes| planes.get_mut(plane))
         {
-            *verdict = true;
+            inherited.decided = true;
+        }
+    }
+
+    /// A push of this process's reached `plane`'s listed pods, or tried to.
+    pub(super) fn inherited_pushed(&mut self, plane: &PlaneKey) {
+        if let Some(inherited) = self
+            .inherited_push_failures
+            .as_mut()
+            .and_then(|planes| planes.get_mut(plane))
+        {
+            inherited.pushed = std::time::Instant::now();
         }
     }
 
     /// Ends what an earlier leader told the planes of each tunnel whose every plane has a
     /// verdict of this process's own: a route's failure may have been another plane's on its
     /// tunnel, which a push reaching the route's own pods says nothing of.
+    ///
+    /// A plane no push of this process's has reached for as long as it keeps a run of
+    /// failures with no pod listed (no pod, no config-API token) counts as decided: nothing
+    /// this process does would decide it, and what was told would otherwise stand for good.
+    /// One with no pod listed runs no connector: it holds up its own routes only, not its
+    /// tunnel's.
     pub(super) fn settle_inherited(&mut self, planes: &BTreeMap<PlaneKey, PlaneInfo>) {
         let Some(inherited) = &mut self.inherited_push_failures else {
             return;
         };
-        let tunnel = |plane: &PlaneKey| planes.get(plane).and_then(|info| info.identity.as_ref());
+        let keep = self.options.podless_keep;
+        let tunnel = |plane: &PlaneKey| {
+            planes
+                .get(plane)
+                .filter(|info| !info.pods.is_empty())
+                .and_then(|info| info.identity.as_ref())
+        };
         let undecided: Vec<_> = inherited
             .iter()
-            .filter(|(_, decided)| !**decided)
+            .filter(|(_, i)| !i.decided && i.pushed.elapsed() < keep)
             .map(|(plane, _)| (plane.clone(), tunnel(plane)))
             .collect();
         inherited.retain(|plane, _| {
@@ -1248,7 +1293,7 @@ impl Reconciler {
         snapshot: &Snapshot,
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
-    ) -> HashMap<PlaneKey, bool> {
+    ) -> HashMap<PlaneKey, Inherited> {
         let controller = self.options.translate.controller_name.as_str();
         let statuses = snapshot
             .http_routes
@@ -1307,8 +1352,17 @@ impl Reconciler {
             .iter()
             .filter(|(_, info)| info.identity.as_ref().is_some_and(|t| tunnels.contains(&t)))
             .map(|(plane, _)| plane.clone());
-        told.extend(peers.collect::<Vec<_>>());
-        told.into_iter().map(|plane| (plane, false)).collect()
+        let peers: Vec<_> = peers.filter(|plane| !told.contains(plane)).collect();
+        let since = self.took_lead;
+        let inherited = |told| Inherited {
+            told,
+            decided: false,
+            pushed: since,
+        };
+        told.into_iter()
+            .map(|plane| (plane, inherited(true)))
+            .chain(peers.into_iter().map(|plane| (plane, inherited(false))))
+            .collect()
     }
 
     /// Per plane whose tunnel's document could not be written, or is still being written,

@@ -1417,6 +1417,78 @@ async fn the_shared_pools_pods_are_told_of_as_a_planes_are() {
     .expect("in time");
 }
 
+/// A controller that takes over from one that told the shared pool's route its pods had not
+/// taken the config, and cannot push to the pool at all (its config-API token unreadable: the
+/// Secret gone), keeps the report only as long as it would keep a run of failures with no pod
+/// listed (2 s here), not for good.
+#[tokio::test]
+async fn a_new_leader_that_cannot_push_to_a_plane_keeps_what_was_told_of_it_for_a_while() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let (down, _held) = closed_port();
+        let shared = |options: &mut RuntimeOptions| {
+            options.podless_keep = Duration::from_secs(2);
+            options.shared = Some(SharedPlane {
+                deployment: None,
+                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                auth_key: "token".to_owned(),
+                tunnel_secret: Some((
+                    ObjectKey::new("cftunnel-system", "shared-tunnel"),
+                    "tunnel-token".to_owned(),
+                )),
+            });
+        };
+        let mut t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                let pool = std::net::SocketAddr::from(([127, 0, 0, 1], down));
+                for doc in shared_seed(pool, echo.http_addr()).split("\n---\n") {
+                    if !doc.trim().is_empty() {
+                        api.put(yaml(doc));
+                    }
+                }
+            },
+            ApiServer::client,
+            shared,
+        )
+        .await;
+        eventually("ProxyConfigPushed=False on www", || {
+            route_condition(&t.api, "tenant-s", "www", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        // The token goes while no route status can be written, and the lead changes hands.
+        let frozen = t
+            .api
+            .forbid(|c| c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("www"));
+        assert!(t
+            .api
+            .delete("v1", "Secret", "cftunnel-system", "shared-auth"));
+        t.restart(shared).await;
+        let took_lead = Instant::now();
+        drop(frozen);
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert!(
+            route_condition(&t.api, "tenant-s", "www", PROXY_CONFIG_PUSHED).is_some(),
+            "kept at first"
+        );
+        eventually("ProxyConfigPushed gone from www", || {
+            route_condition(&t.api, "tenant-s", "www", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(
+            took_lead.elapsed() >= Duration::from_secs(2),
+            "{:?}",
+            took_lead.elapsed()
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Whether `call` reports a push failure: a route status with `ProxyConfigPushed`, or a
 /// `ProxyConfigPushFailed` Event.
 fn push_failure_reported(call: &Call<'_>) -> bool {

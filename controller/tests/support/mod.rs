@@ -124,3 +124,28 @@ pub async fn slow_port(
     });
     addr
 }
+
+/// A port in front of `pod` that passes connections on while `open` holds, and closes them at
+/// once otherwise: a pod whose config port goes away for a while.
+pub async fn gated_port(
+    pod: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            if !open.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}
