@@ -1476,13 +1476,14 @@ impl Reconciler {
             self.inherited_push_failures = Some(told);
         }
         for (plane, outcome) in &outcomes {
-            // What the pods refuse is known once one answers, or none is listed.
+            // What the pods refuse is known once every pod listed answers, or none is listed,
+            // or one refuses a rule itself.
             let answered = outcome.pods.is_empty()
-                || !outcome.refused.is_empty()
+                || outcome.refused.iter().any(|r| r.pod.is_some())
                 || outcome
                     .pods
                     .iter()
-                    .any(|(_, o)| !matches!(o, PodOutcome::Failed(_)));
+                    .all(|(_, o)| !matches!(o, PodOutcome::Failed(_)));
             if answered {
                 self.pushed_planes.insert(plane.clone());
             }
@@ -1589,9 +1590,9 @@ impl Reconciler {
                         all_down: outcome.all_down(),
                         starting,
                     };
-                    if !failure.starting {
-                        self.inherit_no_more(plane);
-                    }
+                    // Reported, or its pods all still starting (it runs no connector, and
+                    // fails no other plane's routes): a verdict either way.
+                    self.inherit_no_more(plane);
                     self.push_failures.insert(plane.clone(), failure);
                 }
                 // No pod listed: nothing was pushed, so a failure told stays while its run

@@ -513,11 +513,27 @@ fn content_digest(status: &Value) -> Vec<u8> {
         .to_vec()
 }
 
+/// How a route's `ProxyConfigPushed=False` (`PushFailed`) message begins.
+const PUSH_FAILED: &str = "the proxy pods have not taken the config: ";
+/// How the reason of a failure that is another plane's on the route's tunnel begins, and what
+/// follows the plane's name: `the pods of <plane>, on the same tunnel: <its reason>`.
+const PEERS_PODS: &str = "the pods of ";
+const ON_THE_SAME_TUNNEL: &str = ", on the same tunnel: ";
+
+/// Whether a `PushFailed` message tells another plane's failure on the route's tunnel.
+fn is_peers_failure(message: &str) -> bool {
+    message
+        .strip_prefix(PUSH_FAILED)
+        .and_then(|reason| reason.strip_prefix(PEERS_PODS))
+        .is_some_and(|rest| rest.contains(ON_THE_SAME_TUNNEL))
+}
+
 /// What an earlier leader told of a plane's pushes, kept by a new one
 /// ([`Reconciler::inherited_push_failures`]).
 #[derive(Debug)]
 pub(super) struct Inherited {
-    /// The plane's own routes carried the failure; otherwise it is a peer on such a tunnel.
+    /// The plane's own routes carried its own failure; otherwise it is a plane of a tunnel
+    /// whose routes carried another plane's failure, or a peer on such a tunnel.
     pub(super) told: bool,
     /// This process has a verdict of its own on the plane.
     pub(super) decided: bool,
@@ -928,7 +944,7 @@ impl Reconciler {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "PushFailed".to_owned(),
-                        message: format!("the proxy pods have not taken the config: {reason}"),
+                        message: format!("{PUSH_FAILED}{reason}"),
                         observed_generation: meta.generation,
                     });
                 } else if let Some(told) = self
@@ -1087,7 +1103,7 @@ impl Reconciler {
                     self.push_failed_told.insert(told_key.clone());
                 }
                 Some(reason) if !self.push_failed_told.contains(&told_key) => {
-                    let note = format!("the proxy pods have not taken the config: {reason}");
+                    let note = format!("{PUSH_FAILED}{reason}");
                     let told = Told::PushFailed {
                         route: told_key.clone(),
                     };
@@ -1226,7 +1242,7 @@ impl Reconciler {
         self.inherited_push_failures
             .as_ref()
             .and_then(|planes| planes.get(plane))
-            .is_some_and(|inherited| inherited.told)
+            .is_some_and(|inherited| inherited.told && !inherited.decided)
     }
 
     /// `plane` has a verdict of this process's own ([`Reconciler::settle_inherited`]).
@@ -1265,19 +1281,18 @@ impl Reconciler {
             return;
         };
         let keep = self.options.podless_keep;
-        let tunnel = |plane: &PlaneKey| {
-            planes
-                .get(plane)
-                .filter(|info| !info.pods.is_empty())
-                .and_then(|info| info.identity.as_ref())
-        };
-        let undecided: Vec<_> = inherited
+        let tunnel = |plane: &PlaneKey| planes.get(plane).and_then(|info| info.identity.as_ref());
+        // The tunnels held, by planes with pods listed.
+        let holding: Vec<_> = inherited
             .iter()
             .filter(|(_, i)| !i.decided && i.pushed.elapsed() < keep)
-            .map(|(plane, _)| (plane.clone(), tunnel(plane)))
+            .map(|(plane, _)| {
+                let listed = planes.get(plane).is_some_and(|info| !info.pods.is_empty());
+                (plane.clone(), tunnel(plane).filter(|_| listed))
+            })
             .collect();
         inherited.retain(|plane, _| {
-            undecided.iter().any(|(other, other_tunnel)| {
+            holding.iter().any(|(other, other_tunnel)| {
                 other == plane || (other_tunnel.is_some() && *other_tunnel == tunnel(plane))
             })
         });
@@ -1314,7 +1329,8 @@ impl Reconciler {
                     r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
                 )
             }));
-        let mut told = HashSet::new();
+        // Planes whose routes carried a failure, and those whose own failure it was.
+        let (mut failing, mut told) = (HashSet::new(), HashSet::new());
         for (kind, ns, name, existing) in statuses {
             let (Some(ns), Some(name), Some(existing)) = (ns, name, existing) else {
                 continue;
@@ -1333,18 +1349,24 @@ impl Reconciler {
                     [&parent.parent_ref],
                     PROXY_CONFIG_PUSHED,
                 )
-                .is_some_and(|c| c["status"] == "False" && c["reason"] == "PushFailed");
+                .filter(|c| c["status"] == "False" && c["reason"] == "PushFailed")
+                .map(|c| c["message"].as_str().unwrap_or_default());
                 let plane = output
                     .statuses
                     .parent_gateway(&parent.parent_ref)
                     .and_then(|gateway| output.planes.get(&gateway));
-                if let (true, Some(plane)) = (failed, plane) {
-                    told.insert(self.serving_peer(plane, planes).unwrap_or(plane).clone());
+                if let (Some(message), Some(plane)) = (failed, plane) {
+                    let plane = self.serving_peer(plane, planes).unwrap_or(plane);
+                    failing.insert(plane.clone());
+                    if !is_peers_failure(message) {
+                        told.insert(plane.clone());
+                    }
                 }
             }
         }
-        // The failure told may have been another plane's on the tunnel.
-        let tunnels: Vec<_> = told
+        // The failure told may have been another plane's on the tunnel: every plane of it is
+        // kept, told its own failure or not.
+        let tunnels: Vec<_> = failing
             .iter()
             .filter_map(|plane| planes.get(plane)?.identity.as_ref())
             .collect();
@@ -1352,16 +1374,18 @@ impl Reconciler {
             .iter()
             .filter(|(_, info)| info.identity.as_ref().is_some_and(|t| tunnels.contains(&t)))
             .map(|(plane, _)| plane.clone());
-        let peers: Vec<_> = peers.filter(|plane| !told.contains(plane)).collect();
         let since = self.took_lead;
-        let inherited = |told| Inherited {
-            told,
-            decided: false,
-            pushed: since,
-        };
-        told.into_iter()
-            .map(|plane| (plane, inherited(true)))
-            .chain(peers.into_iter().map(|plane| (plane, inherited(false))))
+        failing
+            .into_iter()
+            .chain(peers)
+            .map(|plane| {
+                let inherited = Inherited {
+                    told: told.contains(&plane),
+                    decided: false,
+                    pushed: since,
+                };
+                (plane, inherited)
+            })
             .collect()
     }
 
@@ -1864,7 +1888,7 @@ fn push_failed(
                     PlaneKey::Shared => "the shared pool".to_owned(),
                     gateway => gateway.to_string(),
                 };
-                let reason = format!("the pods of {whose}, on the same tunnel: {reason}");
+                let reason = format!("{PEERS_PODS}{whose}{ON_THE_SAME_TUNNEL}{reason}");
                 failed.insert(plane.clone(), (by.clone(), reason));
             }
             (None, None) => {}
