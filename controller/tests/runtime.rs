@@ -5483,6 +5483,19 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
     .expect("in time");
 }
 
+/// A route on the pool's Gateway whose rule a pod of an earlier release refuses: its filter
+/// is a CORS one, which that release cannot read.
+const CORS_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
+
+/// `ProxyRuleRefused` Events told so far, each counted with its series.
+fn rule_refusals_told(api: &ApiServer) -> u64 {
+    api.list("Event")
+        .into_iter()
+        .filter(|e| e["reason"] == "ProxyRuleRefused")
+        .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+        .sum()
+}
+
 /// During an upgrade the shared pool's pod runs an earlier release that cannot read a CORS
 /// filter. The route whose rule it refuses says so (condition and Warning Event, naming the
 /// rule and the field); every other route keeps updating and is served, including one added
@@ -5496,9 +5509,8 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
         let older = OlderProxy::start(pool.admin_addr(), "CORS")
             .await
             .expect("the older pod starts");
-        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
         let (api, stop, controller) =
-            on_the_pool(older.addr(), echo.http_addr(), &format!("---\n{cors_route}")).await;
+            on_the_pool(older.addr(), echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
 
         let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
@@ -5556,24 +5568,16 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
         let older = OlderProxy::start(pool.admin_addr(), "CORS")
             .await
             .expect("the older pod starts");
-        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
         // Each call to the pod answered past a round's wait for its pushes: the new
         // controller's first rounds have no outcome of the pool's.
         let slow = support::slow_port(older.addr(), Duration::from_millis(1200)).await;
         let (api, stop, controller) =
-            on_the_pool(slow, echo.http_addr(), &format!("---\n{cors_route}")).await;
+            on_the_pool(slow, echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
         let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
         })
         .await;
-        let told = |api: &ApiServer| {
-            api.list("Event")
-                .into_iter()
-                .filter(|e| e["reason"] == "ProxyRuleRefused")
-                .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
-                .sum::<u64>()
-        };
-        eventually("a ProxyRuleRefused Event", || (told(&api) == 1).then_some(())).await;
+        eventually("a ProxyRuleRefused Event", || (rule_refusals_told(&api) == 1).then_some(())).await;
         let _ = stop.send(());
         controller.await.expect("task").expect("the controller stops cleanly");
 
@@ -5609,7 +5613,7 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
             Some(refused["message"].clone())
         );
-        assert_eq!(told(&api), 1, "told once, by the first controller");
+        assert_eq!(rule_refusals_told(&api), 1, "told once, by the first controller");
         assert!(
             !dropped.load(std::sync::atomic::Ordering::SeqCst),
             "the route's status was written without the refusal"
@@ -5627,6 +5631,20 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
 /// `ProxyRuleRefused`: a push that reached no pod says nothing of what the pods refuse.
 #[tokio::test]
 async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
+    refusal_through_pushes_no_pod_answers(false).await;
+}
+
+/// As [`a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers`], but the route's owner
+/// drops the refused filter while no pod answers: the refusal, said of the route as it was,
+/// is kept no longer.
+#[tokio::test]
+async fn a_refusal_a_new_leader_kept_goes_once_the_route_changes() {
+    refusal_through_pushes_no_pod_answers(true).await;
+}
+
+/// A refusal told by one controller, then the lead changing hands while the refusing pod's
+/// config port is gone; with `edit`, the route's refused filter is dropped meanwhile.
+async fn refusal_through_pushes_no_pod_answers(edit: bool) {
     use cftunnel_testkit::older_proxy::OlderProxy;
     use std::sync::atomic::{AtomicBool, Ordering};
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -5637,23 +5655,21 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
             .expect("the older pod starts");
         let open = Arc::new(AtomicBool::new(true));
         let gate = support::gated_port(older.addr(), Arc::clone(&open)).await;
-        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
         let (api, stop, controller) =
-            on_the_pool(gate, echo.http_addr(), &format!("---\n{cors_route}")).await;
+            on_the_pool(gate, echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
         let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
         })
         .await;
-        let told = |api: &ApiServer| {
-            api.list("Event")
-                .into_iter()
-                .filter(|e| e["reason"] == "ProxyRuleRefused")
-                .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
-                .sum::<u64>()
-        };
-        eventually("a ProxyRuleRefused Event", || (told(&api) == 1).then_some(())).await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&api) == 1).then_some(())
+        })
+        .await;
         let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
 
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
@@ -5680,6 +5696,25 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
             (failures(&health) >= 3).then_some(())
         })
         .await;
+        if edit {
+            drop(_watching);
+            api.put(yaml(&CORS_ROUTE.replace(
+                "    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n",
+                "",
+            )));
+            eventually("the refusal gone from the changed route", || {
+                route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+            let _ = stop.send(());
+            controller
+                .await
+                .expect("task")
+                .expect("the controller stops cleanly");
+            return;
+        }
         open.store(true, Ordering::SeqCst);
         eventually("the new controller's push to the pool", || {
             let metrics = health.metrics_text().ok()?;
@@ -5696,16 +5731,24 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
             Some(refused["message"].clone())
         );
         assert!(
             !dropped.load(Ordering::SeqCst),
             "the route's status was written without the refusal"
         );
-        assert_eq!(told(&api), 1, "told once, by the first controller");
+        assert_eq!(
+            rule_refusals_told(&api),
+            1,
+            "told once, by the first controller"
+        );
         let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
     })
     .await
     .expect("in time");
@@ -6863,6 +6906,19 @@ fn chart_shared_plane(class_tunnel: bool) -> SharedPlane {
             )
         }),
         deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+    }
+}
+
+/// The shared pool of [`shared_seed`]: its Service, config-API token and tunnel token
+/// Secrets, and no Deployment of the controller's to stamp.
+fn seeded_shared_plane() -> SharedPlane {
+    SharedPlane {
+        tunnel_secret: Some((
+            ObjectKey::new("cftunnel-system", "shared-tunnel"),
+            "tunnel-token".to_owned(),
+        )),
+        deployment: None,
+        ..chart_shared_plane(false)
     }
 }
 

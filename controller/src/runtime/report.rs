@@ -830,6 +830,20 @@ impl Reconciler {
             if ours.is_empty() && !had_ours {
                 continue;
             }
+            // Whether the status's `ProxyConfigPushed` with `reason` was said of the route as
+            // it is (a rule since changed may no longer be refused).
+            let said_of_this_generation = |reason: &str| {
+                let parents = ours.iter().map(|parent| &parent.parent_ref);
+                status::condition_before(
+                    existing.as_ref(),
+                    controller,
+                    parents,
+                    PROXY_CONFIG_PUSHED,
+                )
+                .is_some_and(|c| {
+                    c["reason"] == reason && c["observedGeneration"].as_i64() == meta.generation
+                })
+            };
             // What an earlier leader told a parent of the config pushed, with `reason`
             // (`PushFailed`, `RuleRefused`), as the status says.
             let told_before = |parent: &translate::ParentRef, reason: &str| {
@@ -970,8 +984,10 @@ impl Reconciler {
                 } else if let Some(told) = (!self.pushed_planes.contains(plane))
                     .then(|| told_before(&parent.parent_ref, "RuleRefused"))
                     .flatten()
+                    .filter(|_| said_of_this_generation("RuleRefused"))
                 {
-                    // Not pushed by this process yet: the refusal stands until a push says.
+                    // Not pushed by this process yet: the refusal of the route as it is stands
+                    // until a push says.
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
@@ -1235,9 +1251,10 @@ impl Reconciler {
             .is_some_and(|planes| planes.contains_key(plane))
     }
 
-    /// Whether `plane`'s own routes were told its failure, or a peer's, by an earlier leader:
-    /// its run of failures was reported, and its pods being created again say so at once.
-    /// (A peer on such a tunnel whose routes were told nothing still goes by the grace.)
+    /// Whether `plane`'s own routes were told its own failure by an earlier leader, and this
+    /// process has no verdict on it yet: its run of failures was reported, and its pods being
+    /// created again say so at once. (A plane whose routes were told another plane's failure,
+    /// or nothing, goes by the grace.)
     pub(super) fn inherited_told(&self, plane: &PlaneKey) -> bool {
         self.inherited_push_failures
             .as_ref()
