@@ -3087,24 +3087,33 @@ async fn second_gateway_on_the_tunnel(token: &str, credentials: &str) {
 #[tokio::test]
 async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let (closed, _held) = closed_port();
-        let cloudflare = CloudflareApi::start().await;
-        let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
-        shop_serves(&edge, 200).await;
-        assert!(route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none());
-        t.api.put(config_slice(
-            "tenant-a",
-            "cf-proxy-internal-config",
-            closed,
-            true,
-        ));
-        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+        let (t, _edge, _held) = internal_failing_beside_edge().await;
         t.stop().await;
     })
     .await
     .expect("in time");
+}
+
+/// [`internal_joins_edge`] on tenant-a's tunnel, `internal`'s only pod ready but refusing
+/// every push (its config port closed while the socket returned is held), until `shop`, on
+/// `edge`, says so: the controller, `edge`'s pod, and the socket.
+async fn internal_failing_beside_edge() -> (Tenant, Server, (CloudflareApi, tokio::net::TcpSocket))
+{
+    let edge = proxy_pod("s3cr3t").await;
+    let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let (closed, held) = closed_port();
+    let cloudflare = CloudflareApi::start().await;
+    let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
+    shop_serves(&edge, 200).await;
+    assert!(route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none());
+    t.api.put(config_slice(
+        "tenant-a",
+        "cf-proxy-internal-config",
+        closed,
+        true,
+    ));
+    push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+    (t, edge, (cloudflare, held))
 }
 
 /// The plane of a Gateway reported failing on the routes of the other Gateway on its tunnel,
@@ -3114,19 +3123,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
 #[tokio::test]
 async fn a_plane_with_no_pod_listed_fails_no_other_gateways_routes_on_its_tunnel() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let (closed, _held) = closed_port();
-        let cloudflare = CloudflareApi::start().await;
-        let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
-        shop_serves(&edge, 200).await;
-        t.api.put(config_slice(
-            "tenant-a",
-            "cf-proxy-internal-config",
-            closed,
-            true,
-        ));
-        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+        let (t, _edge, _held) = internal_failing_beside_edge().await;
         t.api.put(yaml(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: cf-proxy-internal-config-x1, namespace: tenant-a, labels: {kubernetes.io/service-name: cf-proxy-internal-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}\naddressType: IPv4\nports: [{name: config, port: 8081}]\nendpoints: []\n",
         ));

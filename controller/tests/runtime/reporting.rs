@@ -27,7 +27,7 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, host_serves, internal_joins_edge, proxy_pod, push_failure_names,
+    closed_port, config_slice, host_serves, internal_failing_beside_edge, proxy_pod,
     route_condition, route_parent, seeded_shared_plane, shared_seed, shop_serves, uuid_of, Tenant,
     PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
@@ -539,19 +539,7 @@ async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
 #[tokio::test]
 async fn a_new_leader_keeps_a_failure_of_another_plane_on_the_tunnel_told_before() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let (closed, _held) = closed_port();
-        let cloudflare = CloudflareApi::start().await;
-        let mut t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
-        shop_serves(&edge, 200).await;
-        t.api.put(config_slice(
-            "tenant-a",
-            "cf-proxy-internal-config",
-            closed,
-            true,
-        ));
-        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
+        let (mut t, _edge, _held) = internal_failing_beside_edge().await;
         eventually("shop's ProxyConfigPushFailed", || {
             (times_told(&t.api, "shop", "ProxyConfigPushFailed") == 1).then_some(())
         })
