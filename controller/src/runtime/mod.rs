@@ -573,6 +573,9 @@ struct Reconciler {
     /// Per Gateway: the render error told in a `RenderFailed` Event, so a persisting one is not
     /// re-sent.
     render_failed_told: HashMap<ObjectKey, String>,
+    /// Whether the render failures an earlier leader told (as Gateways' status says) were
+    /// taken in: they stand, told, until this process's own applies say otherwise.
+    render_failures_inherited: bool,
     /// Per Gateway: a `ProxyProvisioned` Event not taken yet (no room for it), with the
     /// Gateway and its note: offered again at each round.
     provisioned_untold: HashMap<ObjectKey, (k8s_openapi::api::core::v1::ObjectReference, String)>,
@@ -959,6 +962,7 @@ impl Reconciler {
             class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
             render_failed_told: HashMap::new(),
+            render_failures_inherited: false,
             provisioned_untold: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),
@@ -1125,6 +1129,10 @@ impl Reconciler {
             &kept_tunnels,
             &mut self.contract,
         );
+        if !self.render_failures_inherited {
+            self.render_failures_inherited = true;
+            self.inherit_render_failures(snapshot, &output);
+        }
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
         // Gateways on a class not listed, since when: kept only for those still so.

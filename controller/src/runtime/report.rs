@@ -513,6 +513,9 @@ fn content_digest(status: &Value) -> Vec<u8> {
         .to_vec()
 }
 
+/// How a Gateway's `Programmed` message begins while its plane cannot be applied.
+const RENDER_FAILED: &str = "the data plane could not be applied: ";
+
 /// How a route's `ProxyConfigPushed=False` (`PushFailed`) message begins.
 const PUSH_FAILED: &str = "the proxy pods have not taken the config: ";
 /// How the reason of a failure that is another plane's on the route's tunnel begins, and what
@@ -717,7 +720,7 @@ impl Reconciler {
                         if let Some(reason) = self.render_failures.get(&key) {
                             set_programmed_pending(
                                 &mut conditions,
-                                &format!("the data plane could not be applied: {reason}"),
+                                &format!("{RENDER_FAILED}{reason}"),
                             );
                         }
                         if let Some(reason) = self.unreached.get(plane) {
@@ -738,7 +741,7 @@ impl Reconciler {
                     ) {
                         (Some(reason), _) => set_programmed_pending(
                             &mut conditions,
-                            &format!("the data plane could not be applied: {reason}"),
+                            &format!("{RENDER_FAILED}{reason}"),
                         ),
                         (None, Some(address)) => {
                             addresses.push(address.clone());
@@ -1241,6 +1244,39 @@ impl Reconciler {
                     && serves_its_tunnel(peer, info, planes, &self.push_failures)
             })
             .map(|(peer, _)| peer)
+    }
+
+    /// Takes in the render failures an earlier leader told, as the Gateways' `Programmed`
+    /// says: each stands, told, until this process's own apply of the plane says otherwise
+    /// (applied, or failing for another reason, which is told). A new leader would otherwise
+    /// take the message back in its first round, and tell it again in a second `RenderFailed`
+    /// once its own apply fails.
+    pub(super) fn inherit_render_failures(
+        &mut self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+    ) {
+        for gateway in &snapshot.gateways {
+            let Some(key) = object_key(gateway) else {
+                continue;
+            };
+            // A dedicated plane's only.
+            if !matches!(output.planes.get(&key), Some(PlaneKey::Dedicated(_))) {
+                continue;
+            }
+            let told = gateway
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|c| c.type_ == "Programmed" && c.status == "False")
+                .find_map(|c| c.message.strip_prefix(RENDER_FAILED));
+            if let Some(reason) = told {
+                self.render_failures.insert(key.clone(), reason.to_owned());
+                self.render_failed_told.insert(key, reason.to_owned());
+            }
+        }
     }
 
     /// Whether `plane`'s routes keep the push failure an earlier leader told them

@@ -157,6 +157,78 @@ fn fail_third_apply(api: &ApiServer) -> Forbid {
     failing
 }
 
+/// A controller that takes over (a restart here) from one that told a Gateway its plane could
+/// not be applied, and finds the apply failing for the same reason, which the Gateway's status
+/// says, keeps saying so in the status and sends no second `RenderFailed`.
+#[tokio::test]
+async fn a_new_leader_does_not_tell_again_a_render_failure_the_gateways_status_says() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut t = Tenant::start("replicas: 1").await;
+        eventually("third's ProxyProvisioned", || {
+            events_about(&t.api, "third")
+                .contains(&("ProxyProvisioned".into(), "Normal".into()))
+                .then_some(())
+        })
+        .await;
+        let _failing = fail_third_apply(&t.api);
+        eventually("third's RenderFailed, and its Programmed saying so", || {
+            let programmed = t
+                .api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-c",
+                    "third",
+                )
+                .and_then(|g| condition(g.pointer("/status/conditions")?, "Programmed").cloned())?;
+            let says = programmed["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("the data plane could not be applied: "));
+            (times_told(&t.api, "third", "RenderFailed") == 1 && says).then_some(())
+        })
+        .await;
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = t.api.forbid(move |c| {
+            let third = c.method == "PATCH" && c.kind == "Gateway" && c.name == Some("third");
+            if third
+                && !c
+                    .body
+                    .to_string()
+                    .contains("the data plane could not be applied")
+            {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        t.restart(|_| {}).await;
+        let failures = |t: &Tenant| {
+            t.api
+                .list("Event")
+                .into_iter()
+                .filter(|e| e["reason"] == "RenderFailed")
+                .count()
+        };
+        // The new controller's rounds: its own apply fails (held back between tries), and a
+        // route change elsewhere is served.
+        t.rounds(6, Duration::from_millis(300)).await;
+        assert_eq!(
+            times_told(&t.api, "third", "RenderFailed"),
+            1,
+            "told once, by the first controller ({} RenderFailed Events)",
+            failures(&t)
+        );
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the Gateway's status was written without the failure"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// An Event the API server does not answer (an admission webhook on `events` that hangs, or an
 /// API server slow on them) holds up no other tenant: one tenant's `RenderFailed` goes out by
 /// itself while another tenant's route change reaches its pod, and is published, once, when
