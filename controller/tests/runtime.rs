@@ -5628,7 +5628,26 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
 /// `ProxyRuleRefused`: a push that reached no pod says nothing of what the pods refuse.
 #[tokio::test]
 async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
-    refusal_through_pushes_no_pod_answers(false).await;
+    refusal_through_pushes_no_pod_answers(Meanwhile::PortGone).await;
+}
+
+/// As [`a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers`], the pod down and not
+/// serving (its config port refusing connections, not ready): it holds no config, but it is
+/// the only one, so nothing was heard of what the pods refuse.
+#[tokio::test]
+async fn a_new_leader_keeps_a_refusal_through_pushes_while_every_pod_is_down() {
+    refusal_through_pushes_no_pod_answers(Meanwhile::AllDown).await;
+}
+
+/// What happens as the lead changes hands, in [`refusal_through_pushes_no_pod_answers`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Meanwhile {
+    /// The refusing pod's config port closes every connection.
+    PortGone,
+    /// The pool's only pod is down and not serving.
+    AllDown,
+    /// As `PortGone`, and the route's owner drops the refused filter.
+    RouteEdited,
 }
 
 /// As [`a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers`], but the route's owner
@@ -5636,12 +5655,12 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
 /// is kept no longer.
 #[tokio::test]
 async fn a_refusal_a_new_leader_kept_goes_once_the_route_changes() {
-    refusal_through_pushes_no_pod_answers(true).await;
+    refusal_through_pushes_no_pod_answers(Meanwhile::RouteEdited).await;
 }
 
-/// A refusal told by one controller, then the lead changing hands while the refusing pod's
-/// config port is gone; with `edit`, the route's refused filter is dropped meanwhile.
-async fn refusal_through_pushes_no_pod_answers(edit: bool) {
+/// A refusal told by one controller, then the lead changing hands while no pod of the pool
+/// answers, as `meanwhile` says.
+async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
     use cftunnel_testkit::older_proxy::OlderProxy;
     use std::sync::atomic::{AtomicBool, Ordering};
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -5678,6 +5697,12 @@ async fn refusal_through_pushes_no_pod_answers(edit: bool) {
             false
         });
         open.store(false, Ordering::SeqCst);
+        let (down, _held) = closed_port();
+        if meanwhile == Meanwhile::AllDown {
+            api.put(yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cftunnel-proxy-p1, namespace: cftunnel-system, labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {down}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
+            )));
+        }
         let (stop, controller, health) = pool_controller(&api);
         let failures = |health: &runtime::health::Health| {
             let metrics = health.metrics_text().unwrap_or_default();
@@ -5693,7 +5718,15 @@ async fn refusal_through_pushes_no_pod_answers(edit: bool) {
             (failures(&health) >= 3).then_some(())
         })
         .await;
-        if edit {
+        if meanwhile == Meanwhile::AllDown {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        if meanwhile != Meanwhile::PortGone {
+            assert!(route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).is_some());
+            assert!(
+                !dropped.load(Ordering::SeqCst),
+                "the route's status was written without the refusal"
+            );
             drop(_watching);
             api.put(yaml(&CORS_ROUTE.replace(
                 "    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n",

@@ -1485,12 +1485,14 @@ impl Reconciler {
         }
         for (plane, outcome) in &outcomes {
             // What the pods refuse is known once every pod listed answers (but those down and
-            // not serving, which hold no config), or none is listed, or one refuses a rule.
+            // not serving, which hold no config, while one is up), or none is listed, or one
+            // refuses a rule.
             let answered = outcome.pods.is_empty()
                 || outcome.refused.iter().any(|r| r.pod.is_some())
-                || outcome.pods.iter().all(|(pod, o)| {
-                    !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
-                });
+                || (!outcome.all_down()
+                    && outcome.pods.iter().all(|(pod, o)| {
+                        !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
+                    }));
             if answered {
                 self.pushed_planes.insert(plane.clone());
             }

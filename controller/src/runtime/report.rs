@@ -833,22 +833,8 @@ impl Reconciler {
             if ours.is_empty() && !had_ours {
                 continue;
             }
-            // Whether the status's `ProxyConfigPushed` with `reason` was said of the route as
-            // it is (a rule since changed may no longer be refused).
-            let said_of_this_generation = |reason: &str| {
-                let parents = ours.iter().map(|parent| &parent.parent_ref);
-                status::condition_before(
-                    existing.as_ref(),
-                    controller,
-                    parents,
-                    PROXY_CONFIG_PUSHED,
-                )
-                .is_some_and(|c| {
-                    c["reason"] == reason && c["observedGeneration"].as_i64() == meta.generation
-                })
-            };
             // What an earlier leader told a parent of the config pushed, with `reason`
-            // (`PushFailed`, `RuleRefused`), as the status says.
+            // (`PushFailed`, `RuleRefused`), as the status says: the condition.
             let told_before = |parent: &translate::ParentRef, reason: &str| {
                 status::condition_before(
                     existing.as_ref(),
@@ -857,8 +843,8 @@ impl Reconciler {
                     PROXY_CONFIG_PUSHED,
                 )
                 .filter(|c| c["status"] == "False" && c["reason"] == reason)
-                .map(|c| c["message"].as_str().unwrap_or_default())
             };
+            let message = |c: &Value| c["message"].as_str().unwrap_or_default().to_owned();
             let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
                 let Some(parent) = ours.get(i) else { return };
                 let accepted = parent
@@ -973,7 +959,7 @@ impl Reconciler {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "PushFailed".to_owned(),
-                        message: told.to_owned(),
+                        message: message(told),
                         observed_generation: meta.generation,
                     });
                 } else if let Some(refused) = self.refused_rules.get(&route_key) {
@@ -987,7 +973,8 @@ impl Reconciler {
                 } else if let Some(told) = (!self.pushed_planes.contains(plane))
                     .then(|| told_before(&parent.parent_ref, "RuleRefused"))
                     .flatten()
-                    .filter(|_| said_of_this_generation("RuleRefused"))
+                    // Said of the route as it is: a rule since changed may be refused no more.
+                    .filter(|c| c["observedGeneration"].as_i64() == meta.generation)
                 {
                     // Not pushed by this process yet: the refusal of the route as it is stands
                     // until a push says.
@@ -995,7 +982,7 @@ impl Reconciler {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
-                        message: told.to_owned(),
+                        message: message(told),
                         observed_generation: meta.generation,
                     });
                 }
@@ -1081,14 +1068,10 @@ impl Reconciler {
             // outcome, which may come rounds after the route's first report).
             if let Some(note) = &refused {
                 if self.refusals_found.insert(told_key.clone()) {
-                    let parents = ours.iter().map(|parent| &parent.parent_ref);
-                    let said_before = status::condition_before(
-                        existing.as_ref(),
-                        controller,
-                        parents,
-                        PROXY_CONFIG_PUSHED,
-                    )
-                    .is_some_and(|c| said(c, "False", Some("RuleRefused"), note));
+                    let said_before = ours.iter().any(|parent| {
+                        told_before(&parent.parent_ref, "RuleRefused")
+                            .is_some_and(|c| said(c, "False", Some("RuleRefused"), note))
+                    });
                     if said_before {
                         self.refused_told.insert(told_key.clone(), note.clone());
                     }

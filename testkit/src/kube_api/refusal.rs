@@ -88,6 +88,11 @@ pub struct Forbid {
 }
 
 impl Forbid {
+    /// How many requests have been refused so far.
+    pub fn count(&self) -> usize {
+        *self.refusal.refused.borrow()
+    }
+
     /// Waits until `n` requests have been refused.
     pub async fn refused(&self, n: usize) {
         let mut refused = self.refusal.refused.subscribe();
