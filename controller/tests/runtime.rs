@@ -5631,9 +5631,11 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers() {
     refusal_through_pushes_no_pod_answers(Meanwhile::PortGone).await;
 }
 
-/// As [`a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers`], the pod down and not
-/// serving (its config port refusing connections, not ready): it holds no config, but it is
-/// the only one, so nothing was heard of what the pods refuse.
+/// The refusing pod down and not serving as the lead changes hands (its config port refusing
+/// connections, not ready): it holds no config, but it is the only one, so nothing is heard of
+/// what the pods refuse, and the refusal stands until the failed pushes are reported in its
+/// place. Once the pod is back, refusing the rule again, no second `ProxyRuleRefused` goes
+/// out: the earlier leader told it.
 #[tokio::test]
 async fn a_new_leader_keeps_a_refusal_through_pushes_while_every_pod_is_down() {
     refusal_through_pushes_no_pod_answers(Meanwhile::AllDown).await;
@@ -5642,9 +5644,10 @@ async fn a_new_leader_keeps_a_refusal_through_pushes_while_every_pod_is_down() {
 /// What happens as the lead changes hands, in [`refusal_through_pushes_no_pod_answers`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Meanwhile {
-    /// The refusing pod's config port closes every connection.
+    /// The refusing pod's config port closes every connection, then serves again.
     PortGone,
-    /// The pool's only pod is down and not serving.
+    /// The pool's only pod is down and not serving long enough for its failure to be
+    /// reported (the new controller reports at once), then back.
     AllDown,
     /// As `PortGone`, and the route's owner drops the refused filter.
     RouteEdited,
@@ -5691,7 +5694,9 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         let flag = Arc::clone(&dropped);
         let _watching = api.forbid(move |c| {
             let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
-            if cors && !c.body.to_string().contains("RuleRefused") {
+            // A refusal, or the failed pushes reported in its place (with every pod down).
+            let body = c.body.to_string();
+            if cors && !body.contains("RuleRefused") && !body.contains("PushFailed") {
                 flag.store(true, Ordering::SeqCst);
             }
             false
@@ -5703,7 +5708,11 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                 "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cftunnel-proxy-p1, namespace: cftunnel-system, labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {down}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
             )));
         }
-        let (stop, controller, health) = pool_controller(&api);
+        let (stop, controller, health) = pool_controller_tuned(&api, |options| {
+            if meanwhile == Meanwhile::AllDown {
+                options.sustained_for = Duration::ZERO;
+            }
+        });
         let failures = |health: &runtime::health::Health| {
             let metrics = health.metrics_text().unwrap_or_default();
             metrics
@@ -5719,9 +5728,18 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         })
         .await;
         if meanwhile == Meanwhile::AllDown {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            eventually("the failed pushes reported on the route", || {
+                route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                    .filter(|c| c["reason"] == "PushFailed")
+            })
+            .await;
+            // The pod back, ready.
+            api.put(yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cftunnel-proxy-p1, namespace: cftunnel-system, labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
+                gate.port()
+            )));
         }
-        if meanwhile != Meanwhile::PortGone {
+        if meanwhile == Meanwhile::RouteEdited {
             assert!(route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).is_some());
             assert!(
                 !dropped.load(Ordering::SeqCst),
@@ -5904,6 +5922,18 @@ fn pool_controller(
     tokio::task::JoinHandle<anyhow::Result<()>>,
     std::sync::Arc<runtime::health::Health>,
 ) {
+    pool_controller_tuned(api, |_| {})
+}
+
+/// [`pool_controller`], `tune` changing its options.
+fn pool_controller_tuned(
+    api: &ApiServer,
+    tune: impl FnOnce(&mut RuntimeOptions),
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+    std::sync::Arc<runtime::health::Health>,
+) {
     let options = RuntimeOptions {
         resync: Duration::from_millis(100),
         shared: Some(SharedPlane {
@@ -5915,6 +5945,8 @@ fn pool_controller(
         }),
         ..RuntimeOptions::default()
     };
+    let mut options = options;
+    tune(&mut options);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let health = std::sync::Arc::new(runtime::health::Health::default());
     let controller = tokio::spawn(runtime::run(

@@ -604,9 +604,11 @@ struct Reconciler {
     /// Routes this process has reported on since it took the lead: for one not among them,
     /// the warnings its status already carries were told by an earlier leader.
     reported_routes: HashSet<String>,
-    /// Routes this process has found rules of refused since it took the lead: for one not
-    /// among them, a refusal its status already carries was told by an earlier leader.
-    refusals_found: HashSet<String>,
+    /// Per route reported on since this process took the lead, until it finds a refusal of
+    /// its rules: the refusals its status carried at its first report, which an earlier
+    /// leader told. (The status may say otherwise by the time the pods answer: a push failure
+    /// replaces a refusal while it lasts.)
+    refusals_told_before: HashMap<String, Vec<String>>,
     /// Planes with a push outcome of this process's since it took the lead. Until then, a
     /// refusal of a route's rule its status carries stands.
     pushed_planes: HashSet<PlaneKey>,
@@ -980,7 +982,7 @@ impl Reconciler {
             refused_told: HashMap::new(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
-            refusals_found: HashSet::new(),
+            refusals_told_before: HashMap::new(),
             pushed_planes: HashSet::new(),
             inherited_push_failures: None,
             took_lead: std::time::Instant::now(),

@@ -1065,16 +1065,22 @@ impl Reconciler {
             }
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
             // Likewise the first refusal of the route's rules this process finds (a push's
-            // outcome, which may come rounds after the route's first report).
+            // outcome, which may come rounds after the route's first report), by what the
+            // status said at that report.
+            if first_report {
+                let refusals: Vec<String> = ours
+                    .iter()
+                    .filter_map(|parent| told_before(&parent.parent_ref, "RuleRefused"))
+                    .map(message)
+                    .collect();
+                if !refusals.is_empty() {
+                    self.refusals_told_before.insert(told_key.clone(), refusals);
+                }
+            }
             if let Some(note) = &refused {
-                if self.refusals_found.insert(told_key.clone()) {
-                    let said_before = ours.iter().any(|parent| {
-                        told_before(&parent.parent_ref, "RuleRefused")
-                            .is_some_and(|c| said(c, "False", Some("RuleRefused"), note))
-                    });
-                    if said_before {
-                        self.refused_told.insert(told_key.clone(), note.clone());
-                    }
+                let told = self.refusals_told_before.remove(&told_key);
+                if told.is_some_and(|told| told.contains(note)) {
+                    self.refused_told.insert(told_key.clone(), note.clone());
                 }
             }
             match refused {
@@ -1146,8 +1152,8 @@ impl Reconciler {
             .retain(|route| routes_seen.contains(route));
         self.reported_routes
             .retain(|route| routes_seen.contains(route));
-        self.refusals_found
-            .retain(|route| routes_seen.contains(route));
+        self.refusals_told_before
+            .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.write_ownership_parents(&mut writes, snapshot, output);
         self.status_writes.run(writes).await;
