@@ -5655,7 +5655,8 @@ enum Meanwhile {
 
 /// As [`a_new_leader_keeps_a_refusal_through_pushes_no_pod_answers`], but the route's owner
 /// drops the refused filter while no pod answers: the refusal, said of the route as it was,
-/// is kept no longer.
+/// is kept no longer. Once the pod is back and the filter put back, the refusal found again
+/// is told: the earlier leader told it of the route as it was.
 #[tokio::test]
 async fn a_refusal_a_new_leader_kept_goes_once_the_route_changes() {
     refusal_through_pushes_no_pod_answers(Meanwhile::RouteEdited).await;
@@ -5694,9 +5695,10 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         let flag = Arc::clone(&dropped);
         let _watching = api.forbid(move |c| {
             let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
-            // A refusal, or the failed pushes reported in its place (with every pod down).
+            // A refusal, or (with every pod down) the failed pushes reported in its place.
             let body = c.body.to_string();
-            if cors && !body.contains("RuleRefused") && !body.contains("PushFailed") {
+            let reported = meanwhile == Meanwhile::AllDown && body.contains("PushFailed");
+            if cors && !body.contains("RuleRefused") && !reported {
                 flag.store(true, Ordering::SeqCst);
             }
             false
@@ -5754,6 +5756,14 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                 route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
                     .is_none()
                     .then_some(())
+            })
+            .await;
+            // The pod back, and the filter put back: refused again, of the route as it is
+            // now, which nobody has told.
+            open.store(true, Ordering::SeqCst);
+            api.put(yaml(CORS_ROUTE));
+            eventually("the refusal told again", || {
+                (rule_refusals_told(&api) == 2).then_some(())
             })
             .await;
             let _ = stop.send(());

@@ -605,10 +605,10 @@ struct Reconciler {
     /// the warnings its status already carries were told by an earlier leader.
     reported_routes: HashSet<String>,
     /// Per route reported on since this process took the lead, until it finds a refusal of
-    /// its rules: the refusals its status carried at its first report, which an earlier
-    /// leader told. (The status may say otherwise by the time the pods answer: a push failure
+    /// its rules or its pushes find none: the refusals its status carried at its first report
+    /// (with the route's generation each was said of), which an earlier leader told. (The status may say otherwise by the time the pods answer: a push failure
     /// replaces a refusal while it lasts.)
-    refusals_told_before: HashMap<String, Vec<String>>,
+    refusals_told_before: HashMap<String, Vec<(Option<i64>, String)>>,
     /// Planes with a push outcome of this process's since it took the lead. Until then, a
     /// refusal of a route's rule its status carries stands.
     pushed_planes: HashSet<PlaneKey>,

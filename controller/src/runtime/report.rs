@@ -1001,6 +1001,9 @@ impl Reconciler {
             });
             // Told by an earlier leader, and kept: no Event, now or as this process's own
             // verdict takes over.
+            let pushed_by_this_process = ours
+                .iter()
+                .all(|parent| serving(parent).is_none_or(|p| self.pushed_planes.contains(p)));
             let inherited_told = ours.iter().any(|parent| {
                 serving(parent).is_some_and(|p| self.inherited(p))
                     && told_before(&parent.parent_ref, "PushFailed").is_some()
@@ -1068,20 +1071,31 @@ impl Reconciler {
             // outcome, which may come rounds after the route's first report), by what the
             // status said at that report.
             if first_report {
-                let refusals: Vec<String> = ours
+                let refusals: Vec<(Option<i64>, String)> = ours
                     .iter()
                     .filter_map(|parent| told_before(&parent.parent_ref, "RuleRefused"))
-                    .map(message)
+                    .map(|c| (c["observedGeneration"].as_i64(), message(c)))
                     .collect();
                 if !refusals.is_empty() {
                     self.refusals_told_before.insert(told_key.clone(), refusals);
                 }
             }
-            if let Some(note) = &refused {
-                let told = self.refusals_told_before.remove(&told_key);
-                if told.is_some_and(|told| told.contains(note)) {
-                    self.refused_told.insert(told_key.clone(), note.clone());
+            match &refused {
+                // Told of the route as it is, the same refusal.
+                Some(note) => {
+                    let told = self.refusals_told_before.remove(&told_key);
+                    let same = |(generation, told): &(Option<i64>, String)| {
+                        *generation == meta.generation && told == note
+                    };
+                    if told.is_some_and(|told| told.iter().any(same)) {
+                        self.refused_told.insert(told_key.clone(), note.clone());
+                    }
                 }
+                // Pushed by this process with nothing refused: what was told no longer stands.
+                None if pushed_by_this_process => {
+                    self.refusals_told_before.remove(&told_key);
+                }
+                None => {}
             }
             match refused {
                 Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
