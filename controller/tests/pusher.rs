@@ -367,7 +367,7 @@ async fn push_past_an_earlier_controller(first: Option<i64>, second: i64) -> (i6
         }
     }
     let doc = config(backend.http_addr(), "app.example.com");
-    let slow = slow_to_answer(pods.1.admin_addr()).await;
+    let slow = support::slow_port(pods.1.admin_addr(), Duration::from_millis(200)).await;
     let outcome = Pusher::default()
         .sync(&plane(), &doc, TOKEN, &[pods.0.admin_addr(), slow])
         .await;
@@ -437,25 +437,6 @@ async fn a_pod_that_serves_nothing_makes_no_failure_sustained() {
     let outcome = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
     assert!(outcome.sustained_failure, "two rounds");
     good.shutdown().await;
-}
-
-/// An address that forwards each connection to `to` a fifth of a second after taking it.
-async fn slow_to_answer(to: SocketAddr) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(mut upstream) = tokio::net::TcpStream::connect(to).await {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-                }
-            });
-        }
-    });
-    addr
 }
 
 /// A listener that accepts connections and never answers, as a pod whose proxy is stuck, and

@@ -108,21 +108,7 @@ pub async fn slow_port(
     pod: std::net::SocketAddr,
     delay: std::time::Duration,
 ) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-                }
-            });
-        }
-    });
-    addr
+    in_front(pod, delay, None).await
 }
 
 /// A port in front of `pod` that passes connections on while `open` holds, and closes them at
@@ -131,16 +117,30 @@ pub async fn gated_port(
     pod: std::net::SocketAddr,
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::net::SocketAddr {
+    in_front(pod, std::time::Duration::ZERO, Some(open)).await
+}
+
+/// A port in front of `pod`: each connection passed on `delay` after it is taken, or closed at
+/// once while `open` (if given) does not hold.
+async fn in_front(
+    pod: std::net::SocketAddr,
+    delay: std::time::Duration,
+    open: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
-            if !open.load(std::sync::atomic::Ordering::SeqCst) {
+            let closed = open
+                .as_ref()
+                .is_some_and(|open| !open.load(std::sync::atomic::Ordering::SeqCst));
+            if closed {
                 continue;
             }
             tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
                 if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
                     let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
                 }
