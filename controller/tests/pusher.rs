@@ -1123,3 +1123,156 @@ async fn weighed_round(
         .await;
     outcomes.pop().expect("the plane's outcome").1
 }
+
+/// Pods that hold only documents no controller pushed (applied unversioned, or read from a
+/// file: version 0) are asked for them: a controller that starts afresh past the regex budget
+/// goes by that document, so the rule added now goes and the costlier one the pods serve stays.
+#[tokio::test]
+async fn a_fresh_controller_goes_by_an_unversioned_document_when_no_pod_holds_a_pushed_one() {
+    use cftunnel_config::valid::Pattern;
+
+    let backend = echo().await;
+    let servers = [proxy().await, proxy().await];
+    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
+    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
+    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+    // Costlier than the rule added next: with nothing known of what the pods hold, it is the
+    // one whose going frees most.
+    let taken = "/t/\\w{3,48}";
+    let fit = costly_that_fit(cost(taken), costly);
+    assert!(cost(taken) > cost(&costly(fit)));
+    let mut doc = Config {
+        rules: (0..fit)
+            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
+            .chain(std::iter::once(rule(taken, "taken/t/0")))
+            .collect(),
+        ..Config::default()
+    };
+    for server in &servers {
+        server.apply(doc.clone()).await.expect("applied");
+        assert_eq!(held(server).await, 0);
+    }
+
+    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    let pods: Vec<SocketAddr> = servers.iter().map(Server::admin_addr).collect();
+    let round = weighed_round(&mut Pusher::default(), &pods, &doc).await;
+    let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
+    assert_eq!(refused, [Some("new/r/0")], "{round:?}");
+    assert!(round.all_current(), "{round:?}");
+    for server in &servers {
+        let data = server.data_addr();
+        assert_eq!(
+            get(data, "/t/served", "taken-t-0.example.com", None)
+                .await
+                .0,
+            200
+        );
+    }
+}
+
+/// A pod at version 0 (a new one, its document empty) beside one holding a pushed document
+/// that cannot be read back for a round (its connection dropped after it told its version): a
+/// controller that starts afresh past the regex budget does not go by the empty document, which
+/// would make every rule look new for good; it asks again next round and goes by the pushed
+/// one, so the rule added now goes, not the costlier one the pods serve.
+#[tokio::test]
+async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed_one() {
+    use cftunnel_config::valid::Pattern;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let backend = echo().await;
+    let (fresh, ahead) = (proxy().await, proxy().await);
+    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
+    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
+    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+    let taken = "/t/\\w{3,48}";
+    let fit = costly_that_fit(cost(taken), costly);
+    assert!(cost(taken) > cost(&costly(fit)));
+    let mut doc = Config {
+        rules: (0..fit)
+            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
+            .chain(std::iter::once(rule(taken, "taken/t/0")))
+            .collect(),
+        ..Config::default()
+    };
+    let first = weighed_round(&mut Pusher::default(), &[ahead.admin_addr()], &doc).await;
+    assert!(first.all_current() && first.refused.is_empty(), "{first:?}");
+    fresh.apply(Config::default()).await.expect("applied");
+    assert!(held(&ahead).await > 0);
+    assert_eq!(held(&fresh).await, 0);
+
+    // For a round, `ahead` tells its version and nothing more, and `fresh` answers reads
+    // only: nothing is pushed that would change what either holds.
+    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    let open = Arc::new(AtomicBool::new(false));
+    let pods = [
+        reads_only(fresh.admin_addr(), &["GET /config"], Arc::clone(&open)).await,
+        reads_only(ahead.admin_addr(), &["GET /config "], Arc::clone(&open)).await,
+    ];
+    let mut pusher = Pusher::default();
+    let cut_off = weighed_round(&mut pusher, &pods, &doc).await;
+    assert!(
+        cut_off
+            .pods
+            .iter()
+            .all(|(_, o)| matches!(o, PodOutcome::Failed(_))),
+        "{cut_off:?}"
+    );
+
+    open.store(true, Ordering::SeqCst);
+    let round = weighed_round(&mut pusher, &pods, &doc).await;
+    let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
+    assert_eq!(refused, [Some("new/r/0")], "{round:?}");
+    assert!(round.all_current(), "{round:?}");
+    for server in [&fresh, &ahead] {
+        let data = server.data_addr();
+        assert_eq!(
+            get(data, "/t/served", "taken-t-0.example.com", None)
+                .await
+                .0,
+            200
+        );
+    }
+}
+
+/// A port in front of `pod` that passes every request on while `open` holds, and otherwise
+/// only those whose request line starts with one of `passed`; the others' connections are
+/// closed unanswered. Each config-API call comes on a connection of its own.
+async fn reads_only(
+    pod: SocketAddr,
+    passed: &'static [&'static str],
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let open = std::sync::Arc::clone(&open);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 8 * 1024 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let passes = open.load(std::sync::atomic::Ordering::SeqCst)
+                    || passed.iter().any(|p| head.starts_with(p.as_bytes()));
+                if !passes {
+                    return;
+                }
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
+                    if upstream.write_all(&head).await.is_ok() {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}

@@ -27,8 +27,9 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, host_serves, internal_failing_beside_edge, proxy_pod,
-    route_condition, route_parent, seeded_shared_plane, shared_seed, shop_serves, uuid_of, Tenant,
+    closed_port, config_slice, host_serves, internal_failing_beside_edge, on_the_pool,
+    pool_controller, proxy_pod, route_condition, route_parent, rule_refusals_told,
+    seeded_shared_plane, shared_seed, shop_serves, uuid_of, Tenant, CORS_ROUTE,
     PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
@@ -1926,6 +1927,281 @@ async fn a_reported_plane_scaled_to_zero_is_reported_no_more() {
         );
         assert_eq!(failing_planes(&t), Some(0));
         t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// [`internal_failing_beside_edge`], `shop` (on `edge`) and `intranet` told `internal`'s
+/// failure; then, while no route status can be written, `change` run on the API server and the
+/// lead changing hands (a restart) to a controller `tune` changes: the controller, the moment
+/// it started, and what the first one set up.
+async fn internal_changed_as_the_lead_changes_hands(
+    change: impl FnOnce(&ApiServer),
+    tune: impl FnOnce(&mut RuntimeOptions),
+) -> (
+    Tenant,
+    Instant,
+    (Server, CloudflareApi, tokio::net::TcpSocket),
+) {
+    let (mut t, edge, (cloudflare, held)) = internal_failing_beside_edge().await;
+    eventually("shop's ProxyConfigPushFailed", || {
+        (times_told(&t.api, "shop", "ProxyConfigPushFailed") == 1).then_some(())
+    })
+    .await;
+    eventually("intranet told internal's failure", || {
+        route_condition(&t.api, "tenant-a", "intranet", PROXY_CONFIG_PUSHED)
+            .filter(|c| c["reason"] == "PushFailed")
+    })
+    .await;
+    let frozen = t
+        .api
+        .forbid(|c| c.method == "PATCH" && c.kind == "HTTPRoute");
+    change(&t.api);
+    let base = cloudflare.base();
+    let restarted = Instant::now();
+    t.restart(|options| {
+        options.cloudflare_api_base = base;
+        tune(options);
+    })
+    .await;
+    // Lifted before the new controller's first round (it has not run yet).
+    drop(frozen);
+    (t, restarted, (edge, cloudflare, held))
+}
+
+/// `internal`'s config EndpointSlice, listing no pod.
+fn internal_without_pods(api: &ApiServer) {
+    let mut slice = config_slice("tenant-a", "cf-proxy-internal-config", 8081, true);
+    slice["endpoints"] = json!([]);
+    api.put(slice);
+}
+
+/// A controller that takes over from one that told `internal`'s route its pods had not taken
+/// the config, and `shop` (on `edge`, the same tunnel) the same, finds no pod of `internal`
+/// listed (they were deleted as the lead changed hands). Nothing it pushes reaches `internal`,
+/// so its route keeps the report only as long as this process would keep a run of failures
+/// with no pod listed (3 s here), not for good; and `internal`, running no connector, holds
+/// up no report of `shop`'s meanwhile: `edge`'s pushes decide that.
+#[tokio::test]
+async fn a_new_leader_keeps_a_podless_planes_report_for_a_while_and_on_its_own_routes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let keep = Duration::from_secs(3);
+        let (t, restarted, _held) =
+            internal_changed_as_the_lead_changes_hands(internal_without_pods, |options| {
+                options.podless_keep = keep;
+            })
+            .await;
+        let intranet = || route_condition(&t.api, "tenant-a", "intranet", PROXY_CONFIG_PUSHED);
+        eventually("shop told internal's failure no more", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(
+            restarted.elapsed() < keep - Duration::from_secs(1),
+            "shop's report held by internal: {:?}",
+            restarted.elapsed()
+        );
+        assert_eq!(
+            intranet().map(|c| c["reason"].clone()),
+            Some(json!("PushFailed")),
+            "internal's own route keeps it"
+        );
+        eventually("intranet told internal's failure no more", || {
+            intranet().is_none().then_some(())
+        })
+        .await;
+        assert!(restarted.elapsed() >= keep, "{:?}", restarted.elapsed());
+        assert_eq!(times_told(&t.api, "shop", "ProxyConfigPushFailed"), 1);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told `shop` (on `edge`) the failure of
+/// `internal`'s pods on its tunnel keeps the report while `internal`'s pushes go on failing
+/// with no verdict of its own yet, though `edge`'s pods take the config: and also through
+/// rounds in which `edge` has no pod listed (its pod replaced, the successor not listed yet),
+/// `edge` being on `internal`'s tunnel all the same. `shop`'s status is never written without
+/// it.
+#[tokio::test]
+async fn a_new_leader_keeps_a_tunnel_peers_failure_through_rounds_the_routes_plane_has_no_pod() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, _, (edge, _cloudflare, _held)) = internal_changed_as_the_lead_changes_hands(
+            |_| {},
+            |options| {
+                // No verdict on internal's failures within the test.
+                options.sustained_for = Duration::from_secs(600);
+            },
+        )
+        .await;
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = t.api.forbid(move |c| {
+            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
+            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let first = rounds(&t);
+        // edge's pushes taken: its own verdict.
+        eventually("the new controller's rounds", || {
+            (rounds(&t) >= first + 2).then_some(())
+        })
+        .await;
+        t.api.put(empty_config_slice());
+        t.rounds(3, Duration::from_millis(300)).await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            edge.admin_addr().port(),
+            true,
+        ));
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "shop's status was written without the report"
+        );
+        assert!(route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_some());
+        assert_eq!(times_told(&t.api, "shop", "ProxyConfigPushFailed"), 1);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told `shop` (on `edge`) the failure of
+/// `internal`'s pods on its tunnel, and finds `internal`'s only pod replaced by one being
+/// created (within the start grace): once its own rounds judge `internal`'s pods all starting,
+/// that is its verdict on `internal`, which runs no connector and so fails no route of
+/// `edge`'s. `shop`'s report goes, with no Event.
+#[tokio::test]
+async fn a_new_leader_takes_back_a_tunnel_peers_failure_once_that_planes_pods_are_all_starting() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (down, _down) = closed_port();
+        let (t, _, _held) = internal_changed_as_the_lead_changes_hands(
+            |api| {
+                // Only shop carries the failure: internal was told nothing of its own.
+                assert!(api.delete(
+                    "gateway.networking.k8s.io/v1",
+                    "HTTPRoute",
+                    "tenant-a",
+                    "intranet"
+                ));
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-internal-config",
+                    down,
+                    false,
+                ));
+                api.put(plane_pod_named(
+                    "cf-proxy-internal-5d8c7b9f4-k3lmn",
+                    "ContainerCreating",
+                    "",
+                ));
+            },
+            |options| options.start_grace = Duration::from_secs(100 * 365 * 86_400),
+        )
+        .await;
+        let before = internal_failures(&t);
+        eventually("shop told internal's failure no more", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        // Past the sustained rounds (three) of the new controller's own failed pushes.
+        assert!(
+            internal_failures(&t) >= before + 3,
+            "{}",
+            internal_failures(&t)
+        );
+        assert_eq!(failing_planes(&t), Some(0), "starting, not reported");
+        assert_eq!(times_told(&t.api, "shop", "ProxyConfigPushFailed"), 1);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told a route a rule of it was refused, and finds
+/// the pool upgraded: its pod takes the rule now, and a second pod is listed down and not
+/// serving (its config port refusing connections, not ready). That pod holds no config, so
+/// the up pod's answer is the pool's: the refusal is taken back though not every listed pod
+/// answered, and nothing is reported of the down one.
+#[tokio::test]
+async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_a_down_one() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let (api, stop, controller) = on_the_pool(
+            older.addr(),
+            echo.http_addr(),
+            &format!("---\n{CORS_ROUTE}"),
+        )
+        .await;
+        eventually("RuleRefused on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .filter(|c| c["reason"] == "RuleRefused")
+        })
+        .await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&api) == 1).then_some(())
+        })
+        .await;
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+
+        let (down, _down) = closed_port();
+        let mut upgraded = config_slice("cftunnel-system", "cftunnel-proxy", 0, true);
+        upgraded["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        upgraded["ports"][0]["port"] = json!(pool.admin_addr().port());
+        api.put(upgraded);
+        api.put(config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            down,
+            false,
+        ));
+        let (stop, controller, _) = pool_controller(&api);
+        eventually("the refusal taken back", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        let served = cftunnel_controller::push::served_document(
+            pool.admin_addr(),
+            "pool-secret",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("the pool's document");
+        assert!(
+            served
+                .rules
+                .iter()
+                .any(|r| r.name.as_deref() == Some("tenant-s/cors/0")),
+            "the up pod serves the rule"
+        );
+        assert!(route_condition(&api, "tenant-s", "www", PROXY_CONFIG_PUSHED).is_none());
+        assert_eq!(rule_refusals_told(&api), 1);
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
     })
     .await
     .expect("in time");
