@@ -776,6 +776,73 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
     );
 }
 
+/// More rules refused than a round leaves out (seven): the round says it was cut off, and the
+/// next finds the rest. A round cut off after the pod that refused is replaced by another of its
+/// release keeps the refusals it did not reach again, as they were, rather than drop them for
+/// a round.
+#[tokio::test]
+async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
+    use cftunnel_config::{Cors, Filter, FilterType};
+    use cftunnel_testkit::older_proxy::OlderProxy;
+
+    let backend = echo().await;
+    let behind = proxy().await;
+    let older = OlderProxy::start(behind.admin_addr(), "CORS")
+        .await
+        .expect("the older pod starts");
+    let mut cors = Filter::new(FilterType::Cors);
+    cors.cors = Some(Cors {
+        allow_origins: vec!["https://app.example.com".to_owned()],
+        ..Cors::default()
+    });
+    let rule = |i: usize| Rule {
+        name: Some(format!("shop/cors{i}/0")),
+        filters: vec![cors.clone()],
+        ..config(backend.http_addr(), &format!("cors{i}.example.com"))
+            .rules
+            .remove(0)
+    };
+    let doc = Config {
+        rules: (0..10).map(rule).collect(),
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let by = |round: &cftunnel_controller::push::PlaneOutcome, pod: SocketAddr| {
+        round.refused.iter().filter(|r| r.pod == Some(pod)).count()
+    };
+
+    let first = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
+    assert_eq!(
+        (first.refused.len(), first.refusals_cut_off),
+        (7, true),
+        "{first:?}"
+    );
+    let second = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
+    assert_eq!(
+        (second.refused.len(), second.refusals_cut_off),
+        (10, false),
+        "{second:?}"
+    );
+
+    let replacing = OlderProxy::start(behind.admin_addr(), "CORS")
+        .await
+        .expect("the replacing pod starts");
+    let third = pusher
+        .sync(&plane(), &doc, TOKEN, &[replacing.addr()])
+        .await;
+    assert!(third.refusals_cut_off, "{third:?}");
+    assert_eq!(
+        (by(&third, replacing.addr()), by(&third, older.addr())),
+        (7, 3),
+        "{third:?}"
+    );
+    let fourth = pusher
+        .sync(&plane(), &doc, TOKEN, &[replacing.addr()])
+        .await;
+    assert!(!fourth.refusals_cut_off, "{fourth:?}");
+    assert_eq!(by(&fourth, replacing.addr()), 10, "{fourth:?}");
+}
+
 /// A document grown larger than the pods take (413) loses, in the same round, the rules they
 /// do not serve yet (the largest first) until it fits: a rule they serve stays, however
 /// large, so one tenant's growth costs that tenant's new rules, not another tenant's routes

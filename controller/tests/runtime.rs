@@ -5758,10 +5758,16 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                     .then_some(())
             })
             .await;
-            // The pod back, and the filter put back: refused again, of the route as it is
-            // now, which nobody has told.
-            open.store(true, Ordering::SeqCst);
+            // The filter put back, then the pod back: refused again, of the route as it is now
+            // (its third generation), which nobody has told. No push answers before it, so
+            // only the generation tells the refusal from the one told.
             api.put(yaml(CORS_ROUTE));
+            eventually("the filter put back seen", || {
+                route_condition(&api, "tenant-s", "cors", "Accepted")
+                    .filter(|c| c["observedGeneration"] == 3)
+            })
+            .await;
+            open.store(true, Ordering::SeqCst);
             eventually("the refusal told again", || {
                 (rule_refusals_told(&api) == 2).then_some(())
             })
@@ -5800,6 +5806,157 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         assert_eq!(
             rule_refusals_told(&api),
             1,
+            "told once, by the first controller"
+        );
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told a route a rule of it was refused, and finds
+/// the pool's pod replaced by another of the same release (a rollout of the same image): the
+/// refusal is the same though another pod makes it, and is not told again.
+#[tokio::test]
+async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_leader() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let (api, stop, controller) = on_the_pool(
+            older.addr(),
+            echo.http_addr(),
+            &format!("---\n{CORS_ROUTE}"),
+        )
+        .await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&api) == 1).then_some(())
+        })
+        .await;
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+
+        let replaced = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the replacing pod starts");
+        let mut slice = config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            replaced.addr().port(),
+            true,
+        );
+        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        api.put(slice);
+        let (stop, controller, _) = pool_controller(&api);
+        eventually("the refusal of the replacing pod", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&replaced.addr().to_string()))
+            })
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            rule_refusals_told(&api),
+            1,
+            "told once, by the first controller"
+        );
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told ten routes a rule of each was refused: a
+/// round leaves out only so many refused rules (seven), and the rest are found in the next.
+/// Meanwhile those routes keep the refusal their status carries, and no route is told again.
+#[tokio::test]
+async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_again() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    use std::sync::atomic::AtomicBool;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let routes: String = (0..10)
+            .map(|i| {
+                let route = CORS_ROUTE
+                    .replace("name: cors,", &format!("name: cors-{i},"))
+                    .replace("/cors", &format!("/cors-{i}"));
+                format!("---\n{route}")
+            })
+            .collect();
+        let (api, stop, controller) = on_the_pool(older.addr(), echo.http_addr(), &routes).await;
+        eventually("a ProxyRuleRefused Event for each route", || {
+            (rule_refusals_told(&api) == 10).then_some(())
+        })
+        .await;
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = api.forbid(move |c| {
+            let cors = c.method == "PATCH"
+                && c.kind == "HTTPRoute"
+                && c.name.is_some_and(|n| n.starts_with("cors-"));
+            if cors && !c.body.to_string().contains("RuleRefused") {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let (stop, controller, health) = pool_controller(&api);
+        // Two rounds that pushed: the first cut off, the second leaving out the rest.
+        eventually("the new controller's second push", || {
+            let metrics = health.metrics_text().ok()?;
+            metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(
+                        "cftunnel_controller_push_duration_seconds_count{plane=\"shared\"} ",
+                    )
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .filter(|n| *n >= 2)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for i in 0..10 {
+            let refused =
+                route_condition(&api, "tenant-s", &format!("cors-{i}"), PROXY_CONFIG_PUSHED);
+            assert_eq!(
+                refused.map(|c| c["reason"].clone()),
+                Some(json!("RuleRefused")),
+                "cors-{i}"
+            );
+        }
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "a route's status was written without the refusal"
+        );
+        assert_eq!(
+            rule_refusals_told(&api),
+            10,
             "told once, by the first controller"
         );
         let _ = stop.send(());

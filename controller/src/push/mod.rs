@@ -82,6 +82,11 @@ pub struct PlaneOutcome {
     /// Rules left out because a pod refused them (this round or, while its pods are the same,
     /// an earlier one).
     pub refused: Vec<RefusedRule>,
+    /// The round stopped leaving rules out (it pushes a bounded number of times) while a pod
+    /// still refused one: what the pods refuse is known only as far as `refused` goes, and
+    /// the next round finds more. Refusals it set out to check again and did not reach are in
+    /// `refused` as they were.
+    pub refusals_cut_off: bool,
     /// Rounds in a row, this one included, in which some pod failed; rounds with no pod
     /// listed between them neither count nor break the run, for a while
     /// ([`Pusher::keeping_runs_without_pods`]).
@@ -292,6 +297,7 @@ impl Pusher {
                 version: 0,
                 pods: Vec::new(),
                 refused: Vec::new(),
+                refusals_cut_off: false,
                 failed_rounds: 0,
                 sustained_failure: false,
                 failing_for: Duration::ZERO,

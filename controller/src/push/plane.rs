@@ -125,9 +125,10 @@ pub(super) async fn sync_plane(
     // A refusal holds while the pod that refused stays, and for a while: a rollout (which
     // replaces that pod), or time, may bring a release that takes the rule. Pods that come and
     // go beside it (an autoscaler at work) do not make the plane find it out again.
-    state
-        .refusals
-        .retain(|r| round.pods.contains(&r.pod) && r.at.elapsed() < REFUSAL_MEMORY);
+    let (held, mut rechecked): (Vec<Refusal>, Vec<Refusal>) = std::mem::take(&mut state.refusals)
+        .into_iter()
+        .partition(|r| round.pods.contains(&r.pod) && r.at.elapsed() < REFUSAL_MEMORY);
+    state.refusals = held;
     let rules = &round.config.rules;
     // The rules pushed, by their position in the round's document.
     let mut kept: Vec<usize> = (0..rules.len())
@@ -161,7 +162,7 @@ pub(super) async fn sync_plane(
     }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
-    let (version, pods, previous_needed, token_refused, down) = loop {
+    let (version, pods, previous_needed, token_refused, down, cut_off) = loop {
         passes += 1;
         let document = || Config {
             version: 0,
@@ -213,6 +214,8 @@ pub(super) async fn sync_plane(
         };
         let accepted = &state.accepted;
         let mut cut = false;
+        // A pod refused a rule that is not left out: past the last pass, or not named.
+        let mut refusing = false;
         let pods: Vec<(SocketAddr, PodOutcome)> = sent
             .puts
             .into_iter()
@@ -224,6 +227,7 @@ pub(super) async fn sync_plane(
                 // first, then the largest, until it fits; so one tenant's growth costs that
                 // tenant's new rules, not another's serving ones or every tenant's updates.
                 Put::TooLarge { limit, reason } => {
+                    refusing |= passes >= MAX_PASSES;
                     if passes < MAX_PASSES && !cut {
                         cut = true;
                         let note = format!(
@@ -236,10 +240,9 @@ pub(super) async fn sync_plane(
                     (pod, PodOutcome::Failed(reason))
                 }
                 Put::Refused { rule, reason } => {
-                    if passes < MAX_PASSES {
-                        if let Some(&i) = kept.get(rule) {
-                            leave_out(i, pod, &reason);
-                        }
+                    match kept.get(rule) {
+                        Some(&i) if passes < MAX_PASSES => leave_out(i, pod, &reason),
+                        _ => refusing = true,
                     }
                     (pod, PodOutcome::Failed(reason))
                 }
@@ -252,6 +255,7 @@ pub(super) async fn sync_plane(
                 sent.previous_needed,
                 sent.token_refused,
                 sent.down,
+                refusing,
             );
         }
         tracing::warn!(
@@ -261,6 +265,13 @@ pub(super) async fn sync_plane(
         );
         kept.retain(|i| !left_out.contains(i));
     };
+    // Cut off, the round decided only the refusals it found: those it set out to check again
+    // and did not reach stand as they were (the next round checks them), rather than go for a
+    // round and come back.
+    if cut_off {
+        rechecked.retain(|r| !state.refusals.iter().any(|found| found.rule == r.rule));
+        state.refusals.append(&mut rechecked);
+    }
     let refused = state
         .refusals
         .iter()
@@ -292,6 +303,7 @@ pub(super) async fn sync_plane(
         state.held = Some(held_regexes(kept.iter().map(|&i| &rules[i])));
     }
     outcome.refused = refused;
+    outcome.refusals_cut_off = cut_off;
     outcome.token_refused = token_refused;
     outcome.idle = idle;
     // Every pod took the current token: the rollout is over, and the one before is
@@ -516,6 +528,7 @@ fn finish(
             .unwrap_or_default(),
         pods,
         refused: Vec::new(),
+        refusals_cut_off: false,
         duration: std::time::Duration::ZERO,
         repeated: false,
         stale: false,

@@ -594,21 +594,16 @@ struct Reconciler {
     /// Event, so one goes out only when the condition appears or changes.
     condition_told: HashMap<(String, &'static str), String>,
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
-    /// its plane's document, the rest pushed).
-    refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
-    /// Routes told of refused rules, with what they were told: an Event once per change.
-    refused_told: HashMap<String, String>,
+    /// its plane's document, the rest pushed), with the plane ([`report::refused_rules`]).
+    refused_rules: BTreeMap<translate::RouteKey, Vec<(PlaneKey, String)>>,
+    /// What routes were told of their refused rules, by this process or an earlier leader.
+    refusals_told: report::RefusalsTold,
     /// Routes told their plane's pods have not taken the config: an Event once per run of
     /// failures.
     push_failed_told: HashSet<String>,
     /// Routes this process has reported on since it took the lead: for one not among them,
     /// the warnings its status already carries were told by an earlier leader.
     reported_routes: HashSet<String>,
-    /// Per route reported on since this process took the lead, until it finds a refusal of
-    /// its rules or its pushes find none: the refusals its status carried at its first report
-    /// (with the route's generation each was said of), which an earlier leader told. (The status may say otherwise by the time the pods answer: a push failure
-    /// replaces a refusal while it lasts.)
-    refusals_told_before: HashMap<String, Vec<(Option<i64>, String)>>,
     /// Planes with a push outcome of this process's since it took the lead. Until then, a
     /// refusal of a route's rule its status carries stands.
     pushed_planes: HashSet<PlaneKey>,
@@ -979,10 +974,9 @@ impl Reconciler {
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
-            refused_told: HashMap::new(),
+            refusals_told: report::RefusalsTold::default(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
-            refusals_told_before: HashMap::new(),
             pushed_planes: HashSet::new(),
             inherited_push_failures: None,
             took_lead: std::time::Instant::now(),
@@ -1480,7 +1474,7 @@ impl Reconciler {
                 }
             }
         }
-        self.refused_rules = refused_rules(&output, &outcomes);
+        self.refused_rules = report::refused_rules(&output, &outcomes);
         if self.inherited_push_failures.is_none() {
             let told = self.planes_told_push_failed(snapshot, &output, &planes);
             self.inherited_push_failures = Some(told);
@@ -1488,9 +1482,10 @@ impl Reconciler {
         for (plane, outcome) in &outcomes {
             // What the pods refuse is known once every pod listed answers (but those down and
             // not serving, which hold no config, while one is up), or none is listed, or one
-            // refuses a rule.
+            // refuses a rule and the round left out every rule refused (one cut off leaves some
+            // to later rounds).
             let answered = outcome.pods.is_empty()
-                || outcome.refused.iter().any(|r| r.pod.is_some())
+                || (outcome.refused.iter().any(|r| r.pod.is_some()) && !outcome.refusals_cut_off)
                 || (!outcome.all_down()
                     && outcome.pods.iter().all(|(pod, o)| {
                         !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
@@ -2683,44 +2678,6 @@ fn generated_secret_left(plane: &render::DataPlane, live: &LivePlane<'_>, uid: &
 /// ([`render::CREDENTIALS_HASH_ANNOTATION`]).
 fn credentials_hash(deployment: &Deployment) -> Option<&str> {
     apply::template_annotation(deployment, render::CREDENTIALS_HASH_ANNOTATION)
-}
-
-/// Per route, the rules of it that proxy pods refused this round, each with the pod's reason.
-/// A rule of the controller's own (no route) that a pod refuses is a controller bug: logged.
-fn refused_rules(
-    output: &translate::Output,
-    outcomes: &[(PlaneKey, push::PlaneOutcome)],
-) -> BTreeMap<translate::RouteKey, Vec<String>> {
-    let mut out: BTreeMap<translate::RouteKey, Vec<String>> = BTreeMap::new();
-    for (plane, outcome) in outcomes {
-        for refused in &outcome.refused {
-            let owner = output
-                .owners
-                .get(plane)
-                .and_then(|owners| owners.get(refused.rule))
-                .and_then(Option::as_ref);
-            let name = refused.name.as_deref().unwrap_or("without a name");
-            let by = match refused.pod {
-                Some(pod) => format!("proxy pod {pod} of the {plane} plane refused"),
-                None => format!("the {plane} plane's document has no room for the regexes of"),
-            };
-            match owner {
-                Some(route) => out.entry(route.clone()).or_default().push(format!(
-                    "{by} rule {name}, which is left out (the route's other rules are served): \
-                     {}",
-                    refused.reason
-                )),
-                None => tracing::error!(
-                    %plane,
-                    rule = name,
-                    pod = ?refused.pod,
-                    reason = %refused.reason,
-                    "a rule of the controller's own is left out"
-                ),
-            }
-        }
-    }
-    out
 }
 
 /// The rules broken planes on one tunnel serve of their own ([`own_rules`]), as they last

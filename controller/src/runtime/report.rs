@@ -150,8 +150,12 @@ pub(super) enum Told {
         reason: &'static str,
         message: String,
     },
-    /// The rules of a route proxy pods refused.
-    RuleRefused { route: String, note: String },
+    /// The rules of a route one plane's pods refused, by its [`refusal_key`].
+    RuleRefused {
+        route: String,
+        plane: PlaneKey,
+        key: String,
+    },
     /// A route's config push failing, once per run of failures.
     PushFailed { route: String },
     /// Why a Gateway's plane could not be applied.
@@ -612,10 +616,8 @@ impl Reconciler {
                     self.condition_told.remove(&key);
                 }
             }
-            Told::RuleRefused { route, note } => {
-                if self.refused_told.get(&route) == Some(&note) {
-                    self.refused_told.remove(&route);
-                }
+            Told::RuleRefused { route, plane, key } => {
+                self.refusals_told.untell(&route, &plane, &key);
             }
             Told::PushFailed { route } => {
                 self.push_failed_told.remove(&route);
@@ -962,27 +964,31 @@ impl Reconciler {
                         message: message(told),
                         observed_generation: meta.generation,
                     });
-                } else if let Some(refused) = self.refused_rules.get(&route_key) {
-                    conditions.push(KubeCondition {
-                        kind: PROXY_CONFIG_PUSHED.to_owned(),
-                        status: Truth::False,
-                        reason: "RuleRefused".to_owned(),
-                        message: refused.join("; "),
-                        observed_generation: meta.generation,
-                    });
-                } else if let Some(told) = (!self.pushed_planes.contains(plane))
-                    .then(|| told_before(&parent.parent_ref, "RuleRefused"))
-                    .flatten()
+                } else if let Some(told) = told_before(&parent.parent_ref, "RuleRefused")
                     // Said of the route as it is: a rule since changed may be refused no more.
                     .filter(|c| c["observedGeneration"].as_i64() == meta.generation)
+                    .filter(|c| {
+                        refusal_planes(&message(c), output.configs.keys(), Some(plane))
+                            .iter()
+                            .any(|p| !self.pushed_planes.contains(p))
+                    })
                 {
-                    // Not pushed by this process yet: the refusal of the route as it is stands
-                    // until a push says.
+                    // A plane it names not pushed by this process yet: the refusal of the route
+                    // as it is stands until a push says.
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
                         message: message(told),
+                        observed_generation: meta.generation,
+                    });
+                } else if let Some(refused) = self.refused_rules.get(&route_key) {
+                    let said: Vec<&str> = refused.iter().map(|(_, said)| said.as_str()).collect();
+                    conditions.push(KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: Truth::False,
+                        reason: "RuleRefused".to_owned(),
+                        message: said.join("; "),
                         observed_generation: meta.generation,
                     });
                 }
@@ -1001,13 +1007,13 @@ impl Reconciler {
             });
             // Told by an earlier leader, and kept: no Event, now or as this process's own
             // verdict takes over.
-            let pushed_by_this_process = ours
-                .iter()
-                .all(|parent| serving(parent).is_none_or(|p| self.pushed_planes.contains(p)));
             let inherited_told = ours.iter().any(|parent| {
                 serving(parent).is_some_and(|p| self.inherited(p))
                     && told_before(&parent.parent_ref, "PushFailed").is_some()
             });
+            // The plane serving each parent, for what an earlier leader told it.
+            let parent_planes: Vec<Option<PlaneKey>> =
+                ours.iter().map(|parent| serving(parent).cloned()).collect();
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
             // A route this process reports on for the first time since it took the lead: what
@@ -1066,58 +1072,62 @@ impl Reconciler {
                     }
                 }
             }
-            let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
-            // Likewise the first refusal of the route's rules this process finds (a push's
-            // outcome, which may come rounds after the route's first report), by what the
-            // status said at that report.
+            // The refusals of the route's rules, per plane: an Event when what a plane's pods
+            // refuse changes, and none for what an earlier leader told of the route as it is
+            // (as its status said at its first report).
             if first_report {
-                let refusals: Vec<(Option<i64>, String)> = ours
+                let told = ours
                     .iter()
-                    .filter_map(|parent| told_before(&parent.parent_ref, "RuleRefused"))
-                    .map(|c| (c["observedGeneration"].as_i64(), message(c)))
+                    .zip(&parent_planes)
+                    .filter_map(|(parent, serving)| {
+                        let c = told_before(&parent.parent_ref, "RuleRefused")?;
+                        let said = message(c);
+                        let planes = refusal_planes(&said, output.configs.keys(), serving.as_ref());
+                        Some(ToldBefore {
+                            generation: c["observedGeneration"].as_i64(),
+                            key: refusal_key(&said),
+                            planes,
+                        })
+                    })
                     .collect();
-                if !refusals.is_empty() {
-                    self.refusals_told_before.insert(told_key.clone(), refusals);
-                }
+                self.refusals_told.inherit(&told_key, told);
             }
-            match &refused {
-                // Told of the route as it is, the same refusal.
-                Some(note) => {
-                    let told = self.refusals_told_before.remove(&told_key);
-                    let same = |(generation, told): &(Option<i64>, String)| {
-                        *generation == meta.generation && told == note
-                    };
-                    if told.is_some_and(|told| told.iter().any(same)) {
-                        self.refused_told.insert(told_key.clone(), note.clone());
-                    }
+            let refused = self
+                .refused_rules
+                .get(&route_key)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            self.refusals_told
+                .settle(&told_key, refused, &self.pushed_planes);
+            let refusing: BTreeSet<&PlaneKey> = refused.iter().map(|(plane, _)| plane).collect();
+            for plane in refusing {
+                let said: Vec<&str> = refused
+                    .iter()
+                    .filter(|(p, _)| p == plane)
+                    .map(|(_, said)| said.as_str())
+                    .collect();
+                let (told, key) = self
+                    .refusals_told
+                    .told(&told_key, plane, &said, meta.generation);
+                if told {
+                    continue;
                 }
-                // Pushed by this process with nothing refused: what was told no longer stands.
-                None if pushed_by_this_process => {
-                    self.refusals_told_before.remove(&told_key);
-                }
-                None => {}
-            }
-            match refused {
-                Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
-                    let told = Told::RuleRefused {
-                        route: told_key.clone(),
-                        note: note.clone(),
-                    };
-                    let event = self.event(
-                        &regarding,
-                        EventType::Warning,
-                        "ProxyRuleRefused",
-                        "Push",
-                        &note,
-                        told,
-                    );
-                    if self.status_writes.event(event) {
-                        self.refused_told.insert(told_key.clone(), note);
-                    }
-                }
-                Some(_) => {}
-                None => {
-                    self.refused_told.remove(&told_key);
+                let note = said.join("; ");
+                let told = Told::RuleRefused {
+                    route: told_key.clone(),
+                    plane: plane.clone(),
+                    key: key.clone(),
+                };
+                let event = self.event(
+                    &regarding,
+                    EventType::Warning,
+                    "ProxyRuleRefused",
+                    "Push",
+                    &note,
+                    told,
+                );
+                if self.status_writes.event(event) {
+                    self.refusals_told.took(&told_key, plane, key);
                 }
             }
             match failed_now {
@@ -1160,14 +1170,11 @@ impl Reconciler {
         }
         self.condition_told
             .retain(|(route, _), _| routes_seen.contains(route));
-        self.refused_told
-            .retain(|route, _| routes_seen.contains(route));
+        self.refusals_told.retain(&routes_seen);
         self.push_failed_told
             .retain(|route| routes_seen.contains(route));
         self.reported_routes
             .retain(|route| routes_seen.contains(route));
-        self.refusals_told_before
-            .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.write_ownership_parents(&mut writes, snapshot, output);
         self.status_writes.run(writes).await;
@@ -1951,6 +1958,225 @@ fn push_failed(
         }
     }
     failed
+}
+
+/// Per route, the rules of it that proxy pods refused this round, each with the plane whose
+/// pods did and the reason, in one order whatever the order they were found in (by
+/// [`refusal_key`]), each once. A rule of the controller's own (no route) that a pod refuses
+/// is a controller bug: logged.
+pub(super) fn refused_rules(
+    output: &translate::Output,
+    outcomes: &[(PlaneKey, push::PlaneOutcome)],
+) -> BTreeMap<translate::RouteKey, Vec<(PlaneKey, String)>> {
+    let mut keyed: BTreeMap<translate::RouteKey, Vec<(String, PlaneKey, String)>> = BTreeMap::new();
+    for (plane, outcome) in outcomes {
+        for refused in &outcome.refused {
+            let owner = output
+                .owners
+                .get(plane)
+                .and_then(|owners| owners.get(refused.rule))
+                .and_then(Option::as_ref);
+            let name = refused.name.as_deref().unwrap_or("without a name");
+            let by = match refused.pod {
+                Some(pod) => format!("proxy pod {pod} of the {plane} plane refused"),
+                None => format!("the {plane} plane's document has no room for the regexes of"),
+            };
+            match owner {
+                Some(route) => {
+                    let said = format!(
+                        "{by} rule {name}, which is left out (the route's other rules are \
+                         served): {}",
+                        refused.reason
+                    );
+                    let entry = (refusal_key(&said), plane.clone(), said);
+                    keyed.entry(route.clone()).or_default().push(entry);
+                }
+                None => tracing::error!(
+                    %plane,
+                    rule = name,
+                    pod = ?refused.pod,
+                    reason = %refused.reason,
+                    "a rule of the controller's own is left out"
+                ),
+            }
+        }
+    }
+    keyed
+        .into_iter()
+        .map(|(route, mut refused)| {
+            refused.sort_unstable();
+            refused.dedup_by(|a, b| a.0 == b.0);
+            let refused = refused
+                .into_iter()
+                .map(|(_, plane, said)| (plane, said))
+                .collect();
+            (route, refused)
+        })
+        .collect()
+}
+
+/// A refusal as [`refused_rules`] words it (or several, or a condition's message saying them),
+/// without what depends on how the pusher came to find it rather than on what was refused:
+/// the pod named (the first of the plane's pods to refuse the rule, which may be another by
+/// the time a new leader finds it) and the rule's position in the document that pod was
+/// pushed (`rules[3]`: which rules were left out before it depends on what was found first).
+/// Refusals alike in this are one refusal, told once.
+pub(super) fn refusal_key(said: &str) -> String {
+    const POD: &str = "proxy pod ";
+    const POSITION: &str = "rules[";
+    let mut key = String::with_capacity(said.len());
+    let mut rest = said;
+    while let Some((at, marker)) = [POD, POSITION]
+        .into_iter()
+        .filter_map(|marker| Some((rest.find(marker)?, marker)))
+        .min()
+    {
+        let (before, after) = rest.split_at(at + marker.len());
+        key.push_str(before);
+        let dropped = if marker == POD {
+            after.find(' ')
+        } else {
+            after.find(|c: char| !c.is_ascii_digit())
+        };
+        rest = &after[dropped.unwrap_or(after.len())..];
+    }
+    key.push_str(rest);
+    key
+}
+
+/// The planes of `planes` that a refusal told (a condition's message, as [`refused_rules`]
+/// words it) names; with none named (the wording of another release), `serving`, the plane
+/// that serves the parent it was told of.
+fn refusal_planes<'p>(
+    said: &str,
+    planes: impl IntoIterator<Item = &'p PlaneKey>,
+    serving: Option<&PlaneKey>,
+) -> BTreeSet<PlaneKey> {
+    let named: BTreeSet<PlaneKey> = planes
+        .into_iter()
+        .filter(|plane| said.contains(&format!("the {plane} plane")))
+        .cloned()
+        .collect();
+    if named.is_empty() {
+        serving.into_iter().cloned().collect()
+    } else {
+        named
+    }
+}
+
+/// What routes were told of the rules proxy pods refused: per route and plane, so a route
+/// carried by several planes is told what each refuses as that plane's pods answer, and what
+/// one plane's pods take again is forgotten without waiting for the others.
+///
+/// Refusals are compared by their [`refusal_key`]: one found again by other means (another
+/// pod, another order) is the same refusal.
+#[derive(Default)]
+pub(super) struct RefusalsTold {
+    routes: HashMap<String, RouteRefusals>,
+}
+
+/// What one route was told of its refused rules.
+#[derive(Default)]
+struct RouteRefusals {
+    /// Per plane: the refusal its pods made that this process told, or took as told.
+    told: BTreeMap<PlaneKey, String>,
+    /// What an earlier leader told, as the route's status said at this process's first report
+    /// on it: each kept for the planes it names until they answer this process's pushes.
+    before: Vec<ToldBefore>,
+}
+
+/// A refusal an earlier leader told a route (a parent's condition).
+pub(super) struct ToldBefore {
+    /// The route's generation it was said of.
+    pub(super) generation: Option<i64>,
+    /// Its [`refusal_key`].
+    pub(super) key: String,
+    /// The planes it names whose pods have not answered this process's pushes yet.
+    pub(super) planes: BTreeSet<PlaneKey>,
+}
+
+impl RefusalsTold {
+    /// Takes in what an earlier leader told `route`, at this process's first report on it.
+    pub(super) fn inherit(&mut self, route: &str, told: Vec<ToldBefore>) {
+        let told: Vec<ToldBefore> = told.into_iter().filter(|t| !t.planes.is_empty()).collect();
+        if !told.is_empty() {
+            self.routes.entry(route.to_owned()).or_default().before = told;
+        }
+    }
+
+    /// Forgets what `route` was told of the planes whose pods answered this process's pushes
+    /// (`answered`) refusing none of its rules (`refused`, this round's): a refusal they make
+    /// later is told again.
+    pub(super) fn settle(
+        &mut self,
+        route: &str,
+        refused: &[(PlaneKey, String)],
+        answered: &HashSet<PlaneKey>,
+    ) {
+        let Some(told) = self.routes.get_mut(route) else {
+            return;
+        };
+        let taken = |plane: &PlaneKey| {
+            answered.contains(plane) && !refused.iter().any(|(refusing, _)| refusing == plane)
+        };
+        told.told.retain(|plane, _| !taken(plane));
+        for before in &mut told.before {
+            before.planes.retain(|plane| !taken(plane));
+        }
+        told.before.retain(|before| !before.planes.is_empty());
+        if told.told.is_empty() && told.before.is_empty() {
+            self.routes.remove(route);
+        }
+    }
+
+    /// Whether `route` was told `said`, what `plane`'s pods refuse of its rules this round,
+    /// the route at `generation`: by this process, or by an earlier leader, whose word on
+    /// `plane` is taken in and so used up. Returns the refusal's key with it.
+    pub(super) fn told(
+        &mut self,
+        route: &str,
+        plane: &PlaneKey,
+        said: &[&str],
+        generation: Option<i64>,
+    ) -> (bool, String) {
+        let keys: Vec<String> = said.iter().map(|said| refusal_key(said)).collect();
+        let key = keys.join("; ");
+        let Some(told) = self.routes.get_mut(route) else {
+            return (false, key);
+        };
+        let mut told_before = false;
+        for before in &mut told.before {
+            if before.planes.remove(plane) {
+                told_before |= before.generation == generation
+                    && keys.iter().all(|k| before.key.contains(k.as_str()));
+            }
+        }
+        told.before.retain(|before| !before.planes.is_empty());
+        if told_before {
+            told.told.insert(plane.clone(), key.clone());
+        }
+        (told.told.get(plane) == Some(&key), key)
+    }
+
+    /// `route` was told `key`, what `plane`'s pods refuse of its rules.
+    pub(super) fn took(&mut self, route: &str, plane: &PlaneKey, key: String) {
+        let told = self.routes.entry(route.to_owned()).or_default();
+        told.told.insert(plane.clone(), key);
+    }
+
+    /// Forgets that `route` was told `key` of `plane`, unless told something since.
+    fn untell(&mut self, route: &str, plane: &PlaneKey, key: &str) {
+        if let Some(told) = self.routes.get_mut(route) {
+            if told.told.get(plane).is_some_and(|told| told == key) {
+                told.told.remove(plane);
+            }
+        }
+    }
+
+    /// Forgets the routes not among `routes`.
+    pub(super) fn retain(&mut self, routes: &BTreeSet<String>) {
+        self.routes.retain(|route, _| routes.contains(route));
+    }
 }
 
 #[cfg(test)]

@@ -2132,7 +2132,8 @@ async fn a_new_leader_takes_back_a_tunnel_peers_failure_once_that_planes_pods_ar
 /// the pool upgraded: its pod takes the rule now, and a second pod is listed down and not
 /// serving (its config port refusing connections, not ready). That pod holds no config, so
 /// the up pod's answer is the pool's: the refusal is taken back though not every listed pod
-/// answered, and nothing is reported of the down one.
+/// answered, and nothing is reported of the down one. The pool rolled back to the older
+/// release then (the same pod, the route unchanged), the refusal is new, and told.
 #[tokio::test]
 async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_a_down_one() {
     use cftunnel_testkit::older_proxy::OlderProxy;
@@ -2197,6 +2198,23 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_
         );
         assert!(route_condition(&api, "tenant-s", "www", PROXY_CONFIG_PUSHED).is_none());
         assert_eq!(rule_refusals_told(&api), 1);
+
+        let mut rolled_back = config_slice("cftunnel-system", "cftunnel-proxy", 0, true);
+        rolled_back["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        rolled_back["ports"][0]["port"] = json!(older.addr().port());
+        api.put(rolled_back);
+        // The pod holds the document the upgraded one took (both front one proxy): a route
+        // added, the document changes and is pushed, leaving the CORS route as it was.
+        api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
+        eventually("the refusal told again", || {
+            (rule_refusals_told(&api) == 2).then_some(())
+        })
+        .await;
+        eventually("RuleRefused on the CORS route again", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .filter(|c| c["reason"] == "RuleRefused")
+        })
+        .await;
         let _ = stop.send(());
         controller
             .await

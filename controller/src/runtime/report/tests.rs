@@ -306,3 +306,110 @@ fn a_note_is_cut_to_the_byte_limit_at_a_character_boundary() {
     let odd = format!("{}{}", "a".repeat(1023), "é");
     assert_eq!(clipped(&odd), "a".repeat(1023));
 }
+
+/// A refusal as [`refused_rules`] words it: `pod` of `plane` refused the route's rule 0, at
+/// `position` in the document it was pushed.
+fn refusal(pod: &str, plane: &PlaneKey, position: usize) -> String {
+    format!(
+        "proxy pod {pod} of the {plane} plane refused rule tenant/cors/0, which is left out \
+         (the route's other rules are served): rules[{position}]: unknown field `cors`"
+    )
+}
+
+fn edge() -> PlaneKey {
+    PlaneKey::Dedicated(ObjectKey::new("tenant", "edge"))
+}
+
+#[test]
+fn a_refusals_key_leaves_out_the_pod_and_the_rules_position() {
+    let shared = PlaneKey::Shared;
+    let key = refusal_key(&refusal("10.0.0.5:8081", &shared, 3));
+    assert_eq!(key, refusal_key(&refusal("10.0.0.9:8081", &shared, 0)));
+    assert!(
+        !key.contains("10.0.0.5") && !key.contains("rules[3]"),
+        "{key}"
+    );
+    assert!(key.contains("rules[]: unknown field `cors`"), "{key}");
+    // The plane and the reason are the refusal's own.
+    assert_ne!(key, refusal_key(&refusal("10.0.0.5:8081", &edge(), 3)));
+    assert_ne!(
+        key,
+        refusal_key(&refusal("10.0.0.5:8081", &shared, 3).replace("cors", "mirror"))
+    );
+}
+
+/// What an earlier leader told a route of two planes' refusals at once, in one message.
+fn told_of_both(told: &mut RefusalsTold, generation: i64) {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let said = format!(
+        "{}; {}",
+        refusal("10.0.0.5:8081", &shared, 1),
+        refusal("10.0.1.5:8081", &edge, 2)
+    );
+    let planes = refusal_planes(&said, [&shared, &edge], None);
+    assert_eq!(planes, BTreeSet::from([shared, edge]));
+    told.inherit(
+        "tenant/cors",
+        vec![ToldBefore {
+            generation: Some(generation),
+            key: refusal_key(&said),
+            planes,
+        }],
+    );
+}
+
+#[test]
+fn an_earlier_leaders_word_on_two_planes_is_taken_as_each_plane_answers() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    // The shared plane answers first, refusing what was told (found through another pod):
+    // told already, and the edge plane's part stands.
+    let now = refusal("10.0.0.7:8081", &shared, 0);
+    let refused = [(shared.clone(), now.clone())];
+    told.settle("tenant/cors", &refused, &HashSet::from([shared.clone()]));
+    let (was_told, _) = told.told("tenant/cors", &shared, &[now.as_str()], Some(4));
+    assert!(was_told);
+    // A round later the edge plane answers with its refusal: told already too.
+    let now_edge = refusal("10.0.1.5:8081", &edge, 0);
+    let refused = [(shared.clone(), now), (edge.clone(), now_edge.clone())];
+    told.settle(
+        "tenant/cors",
+        &refused,
+        &HashSet::from([shared.clone(), edge.clone()]),
+    );
+    let (was_told, _) = told.told("tenant/cors", &edge, &[now_edge.as_str()], Some(4));
+    assert!(was_told);
+}
+
+#[test]
+fn an_earlier_leaders_word_is_not_taken_for_another_generation() {
+    let shared = PlaneKey::Shared;
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    let now = refusal("10.0.0.5:8081", &shared, 1);
+    let (was_told, _) = told.told("tenant/cors", &shared, &[now.as_str()], Some(5));
+    assert!(!was_told);
+}
+
+#[test]
+fn a_plane_that_takes_the_rule_again_has_its_refusal_told_anew_later() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    // The shared plane's pods answer this process's push refusing nothing (upgraded); the
+    // edge plane's have not answered.
+    told.settle("tenant/cors", &[], &HashSet::from([shared.clone()]));
+    // Rolled back, at the same generation: a refusal to tell.
+    let again = refusal("10.0.0.5:8081", &shared, 1);
+    let (was_told, key) = told.told("tenant/cors", &shared, &[again.as_str()], Some(4));
+    assert!(!was_told);
+    told.took("tenant/cors", &shared, key);
+    // The edge plane's part, not answered yet, still stands.
+    let edge_says = refusal("10.0.1.5:8081", &edge, 2);
+    let (was_told, _) = told.told("tenant/cors", &edge, &[edge_says.as_str()], Some(4));
+    assert!(was_told);
+    // Told once by this process: not again while it stands.
+    let (was_told, _) = told.told("tenant/cors", &shared, &[again.as_str()], Some(4));
+    assert!(was_told);
+}
