@@ -1274,8 +1274,8 @@ async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed
     doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
     let open = Arc::new(AtomicBool::new(false));
     let pods = [
-        reads_only(fresh.admin_addr(), &["GET /config"], Arc::clone(&open)).await,
-        reads_only(ahead.admin_addr(), &["GET /config "], Arc::clone(&open)).await,
+        support::requests_port(fresh.admin_addr(), &["GET /config"], Arc::clone(&open)).await,
+        support::requests_port(ahead.admin_addr(), &["GET /config "], Arc::clone(&open)).await,
     ];
     let mut pusher = Pusher::default();
     let cut_off = weighed_round(&mut pusher, &pods, &doc).await;
@@ -1301,45 +1301,4 @@ async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed
             200
         );
     }
-}
-
-/// A port in front of `pod` that passes every request on while `open` holds, and otherwise
-/// only those whose request line starts with one of `passed`; the others' connections are
-/// closed unanswered. Each config-API call comes on a connection of its own.
-async fn reads_only(
-    pod: SocketAddr,
-    passed: &'static [&'static str],
-    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> SocketAddr {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let open = std::sync::Arc::clone(&open);
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 8 * 1024 {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let passes = open.load(std::sync::atomic::Ordering::SeqCst)
-                    || passed.iter().any(|p| head.starts_with(p.as_bytes()));
-                if !passes {
-                    return;
-                }
-                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
-                    if upstream.write_all(&head).await.is_ok() {
-                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-                    }
-                }
-            });
-        }
-    });
-    addr
 }

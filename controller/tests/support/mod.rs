@@ -108,7 +108,7 @@ pub async fn slow_port(
     pod: std::net::SocketAddr,
     delay: std::time::Duration,
 ) -> std::net::SocketAddr {
-    in_front(pod, delay, None).await
+    in_front(pod, Pass::Late(delay)).await
 }
 
 /// A port in front of `pod` that passes connections on while `open` holds, and closes them at
@@ -117,32 +117,75 @@ pub async fn gated_port(
     pod: std::net::SocketAddr,
     open: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::net::SocketAddr {
-    in_front(pod, std::time::Duration::ZERO, Some(open)).await
+    in_front(pod, Pass::While(open)).await
 }
 
-/// A port in front of `pod`: each connection passed on `delay` after it is taken, or closed at
-/// once while `open` (if given) does not hold.
-async fn in_front(
+/// A port in front of `pod` that passes every connection on while `open` holds, and otherwise
+/// only those whose request line starts with one of `passed`; the others are closed
+/// unanswered once their request line is read. (Each config-API call of the controller's
+/// comes on a connection of its own.)
+pub async fn requests_port(
     pod: std::net::SocketAddr,
-    delay: std::time::Duration,
-    open: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    passed: &'static [&'static str],
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::net::SocketAddr {
+    in_front(pod, Pass::Requests(open, passed)).await
+}
+
+/// Which connections a port in front of a pod passes on.
+enum Pass {
+    /// Every one, this long after it is taken.
+    Late(std::time::Duration),
+    /// Those taken while the flag holds.
+    While(std::sync::Arc<std::sync::atomic::AtomicBool>),
+    /// Every one while the flag holds, and otherwise those whose request line starts with one
+    /// of these.
+    Requests(
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        &'static [&'static str],
+    ),
+}
+
+/// A port in front of `pod` that passes connections on as `pass` says.
+async fn in_front(pod: std::net::SocketAddr, pass: Pass) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let pass = std::sync::Arc::new(pass);
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
-            let closed = open
-                .as_ref()
-                .is_some_and(|open| !open.load(std::sync::atomic::Ordering::SeqCst));
-            if closed {
+            if matches!(&*pass, Pass::While(open) if !open.load(SeqCst)) {
                 continue;
             }
+            let pass = std::sync::Arc::clone(&pass);
             tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
+                // What was read of the request to decide on it, passed on first.
+                let mut head = Vec::new();
+                match &*pass {
+                    Pass::Late(delay) => tokio::time::sleep(*delay).await,
+                    Pass::While(_) => {}
+                    Pass::Requests(open, passed) => {
+                        let mut buf = [0u8; 1024];
+                        while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 8 * 1024 {
+                            match conn.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let passes = open.load(SeqCst)
+                            || passed.iter().any(|p| head.starts_with(p.as_bytes()));
+                        if !passes {
+                            return;
+                        }
+                    }
+                }
                 if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                    if upstream.write_all(&head).await.is_ok() {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                    }
                 }
             });
         }
