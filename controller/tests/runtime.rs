@@ -24,7 +24,9 @@ use cftunnel_controller::runtime::{
 use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::cloudflare_api::CloudflareApi;
+use cftunnel_testkit::echo::EchoServer;
 use cftunnel_testkit::kube_api::{ApiServer, GatewayApiCrds};
+use cftunnel_testkit::older_proxy::OlderProxy;
 use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
@@ -1765,11 +1767,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         eventually("the Deployment put back", deployment).await;
         assert!(leading().await);
         assert!(watched().await, "the leader reports what it watches again");
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
         serving.abort();
     })
     .await
@@ -4690,11 +4688,7 @@ async fn the_gateway_class_reports_its_features_and_whether_the_crds_are_support
         })
         .await;
 
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -5499,13 +5493,8 @@ fn rule_refusals_told(api: &ApiServer) -> u64 {
 /// while the refusal lasts.
 #[tokio::test]
 async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_served() {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, pool, older) = older_pool().await;
         let (api, stop, controller) =
             on_the_pool(older.addr(), echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
 
@@ -5558,13 +5547,8 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
 /// rounds later: the pod answers slowly), and sends no second `ProxyRuleRefused`.
 #[tokio::test]
 async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, _pool, older) = older_pool().await;
         // Each call to the pod answered past a round's wait for its pushes: the new
         // controller's first rounds have no outcome of the pool's.
         let slow = support::slow_port(older.addr(), Duration::from_millis(1200)).await;
@@ -5665,14 +5649,9 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_route_changes() {
 /// A refusal told by one controller, then the lead changing hands while no pod of the pool
 /// answers, as `meanwhile` says.
 async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     use std::sync::atomic::{AtomicBool, Ordering};
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, _pool, older) = older_pool().await;
         let open = Arc::new(AtomicBool::new(true));
         let gate = support::gated_port(older.addr(), Arc::clone(&open)).await;
         let (api, stop, controller) =
@@ -5685,11 +5664,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
             (rule_refusals_told(&api) == 1).then_some(())
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
 
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
@@ -5772,11 +5747,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                 (rule_refusals_told(&api) == 2).then_some(())
             })
             .await;
-            let _ = stop.send(());
-            controller
-                .await
-                .expect("task")
-                .expect("the controller stops cleanly");
+            stop_controller(stop, controller).await;
             return;
         }
         open.store(true, Ordering::SeqCst);
@@ -5808,11 +5779,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
             1,
             "told once, by the first controller"
         );
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -5823,13 +5790,8 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
 /// refusal is the same though another pod makes it, and is not told again.
 #[tokio::test]
 async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_leader() {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, pool, older) = older_pool().await;
         let (api, stop, controller) = on_the_pool(
             older.addr(),
             echo.http_addr(),
@@ -5840,11 +5802,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
             (rule_refusals_told(&api) == 1).then_some(())
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
 
         let replaced = OlderProxy::start(pool.admin_addr(), "CORS")
             .await
@@ -5872,11 +5830,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
             1,
             "told once, by the first controller"
         );
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -5887,14 +5841,9 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
 /// Meanwhile those routes keep the refusal their status carries, and no route is told again.
 #[tokio::test]
 async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_again() {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     use std::sync::atomic::AtomicBool;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, _pool, older) = older_pool().await;
         let routes: String = (0..10)
             .map(|i| {
                 let route = CORS_ROUTE
@@ -5908,11 +5857,7 @@ async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_a
             (rule_refusals_told(&api) == 10).then_some(())
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
 
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
@@ -5959,11 +5904,7 @@ async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_a
             10,
             "told once, by the first controller"
         );
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -6078,6 +6019,30 @@ async fn on_the_pool(
         .await;
     let (stop, controller, _) = pool_controller(&api);
     (api, stop, controller)
+}
+
+/// The pool's pod, the current release, behind an older release (one that refuses CORS
+/// filters) at the address the pool's slice lists, and `tenant-s`'s echo backend.
+async fn older_pool() -> (EchoServer, Server, OlderProxy) {
+    let echo = support::echo("tenant-s", "web-s").await;
+    let pool = proxy_pod("pool-secret").await;
+    let older = OlderProxy::start(pool.admin_addr(), "CORS")
+        .await
+        .expect("the older pod starts");
+    (echo, pool, older)
+}
+
+/// Stops a controller (`stop` its stop signal, `controller` its task), and waits for it to end
+/// cleanly.
+async fn stop_controller(
+    stop: tokio::sync::oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let _ = stop.send(());
+    controller
+        .await
+        .expect("task")
+        .expect("the controller stops cleanly");
 }
 
 /// A controller against `api` serving the pool of [`on_the_pool`], stopped through the sender,

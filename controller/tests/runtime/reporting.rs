@@ -27,9 +27,9 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, host_serves, internal_failing_beside_edge, on_the_pool,
+    closed_port, config_slice, host_serves, internal_failing_beside_edge, older_pool, on_the_pool,
     pool_controller, proxy_pod, route_condition, route_parent, rule_refusals_told,
-    seeded_shared_plane, shared_seed, shop_serves, uuid_of, Tenant, CORS_ROUTE,
+    seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of, Tenant, CORS_ROUTE,
     PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
@@ -2136,13 +2136,8 @@ async fn a_new_leader_takes_back_a_tunnel_peers_failure_once_that_planes_pods_ar
 /// release then (the same pod, the route unchanged), the refusal is new, and told.
 #[tokio::test]
 async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_a_down_one() {
-    use cftunnel_testkit::older_proxy::OlderProxy;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-s", "web-s").await;
-        let pool = proxy_pod("pool-secret").await;
-        let older = OlderProxy::start(pool.admin_addr(), "CORS")
-            .await
-            .expect("the older pod starts");
+        let (echo, pool, older) = older_pool().await;
         let (api, stop, controller) = on_the_pool(
             older.addr(),
             echo.http_addr(),
@@ -2158,11 +2153,7 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_
             (rule_refusals_told(&api) == 1).then_some(())
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
 
         let (down, _down) = closed_port();
         let mut upgraded = config_slice("cftunnel-system", "cftunnel-proxy", 0, true);
@@ -2215,11 +2206,7 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_
                 .filter(|c| c["reason"] == "RuleRefused")
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
