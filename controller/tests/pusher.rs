@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cftunnel_config::valid::Costs;
 use cftunnel_config::{Backend, Config, Rule};
-use cftunnel_controller::push::{PlaneRound, PodOutcome, Pusher};
+use cftunnel_controller::push::{PlaneOutcome, PlaneRound, PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::EchoServer;
@@ -1087,22 +1087,12 @@ async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
 /// now goes, not it. The pod with the older document answers first.
 #[tokio::test]
 async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
-    use cftunnel_config::valid::Pattern;
-
     let backend = echo().await;
     let (behind, ahead) = (proxy().await, proxy().await);
-    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
-    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
-    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
-    // Taken by one pod only; costlier than the rule added next, so that by the older document
-    // it is the one whose going frees most.
-    let taken = "/t/\\w{3,48}";
-    let fit = costly_that_fit(cost(taken), costly);
-    assert!(cost(taken) > cost(&costly(fit)));
+    // `taken`: taken by one pod only.
+    let rules = AtTheBudget::new(backend.http_addr());
     let mut doc = Config {
-        rules: (0..fit)
-            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
-            .collect(),
+        rules: rules.old.clone(),
         ..Config::default()
     };
     let mut pusher = Pusher::default();
@@ -1110,7 +1100,7 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
     let first = weighed_round(&mut pusher, &both, &doc).await;
     assert!(first.all_current() && first.refused.is_empty(), "{first:?}");
     // Only one pod takes the next document: the other's pushes fail meanwhile.
-    doc.rules.push(rule(taken, "taken/t/0"));
+    doc.rules.push(rules.taken.clone());
     let second = weighed_round(&mut pusher, &[ahead.admin_addr()], &doc).await;
     assert!(
         second.all_current() && second.refused.is_empty(),
@@ -1120,19 +1110,60 @@ async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
 
     // Past the budget with one more rule, seen by a controller that starts afresh; the pod
     // with the newest document answers last.
-    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    doc.rules.insert(0, rules.new);
     let slow = support::slow_port(ahead.admin_addr(), Duration::from_millis(300)).await;
     let round = weighed_round(&mut Pusher::default(), &[behind.admin_addr(), slow], &doc).await;
+    new_left_out_and_taken_served(&round, &[&behind]).await;
+}
+
+/// Regex rules that fit the budget together with no room for one more (`old`, and `taken`,
+/// costlier than any of them: with nothing known of what the pods hold, the one whose going
+/// frees most), and one more that would go past it (`new`, named `new/r/0`). `taken` is
+/// `taken/t/0`, served at `/t/...` for `taken-t-0.example.com`.
+struct AtTheBudget {
+    old: Vec<Rule>,
+    taken: Rule,
+    new: Rule,
+}
+
+impl AtTheBudget {
+    fn new(backend: SocketAddr) -> Self {
+        use cftunnel_config::valid::Pattern;
+        let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
+        let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+        let taken = "/t/\\w{3,48}";
+        let fit = costly_that_fit(cost(taken), costly);
+        assert!(cost(taken) > cost(&costly(fit)));
+        Self {
+            old: (0..fit)
+                .map(|i| regex_rule(backend, &costly(i), &format!("old/r{i}/0")))
+                .collect(),
+            taken: regex_rule(backend, taken, "taken/t/0"),
+            new: regex_rule(backend, &costly(fit), "new/r/0"),
+        }
+    }
+
+    /// `old` and `taken`.
+    fn served(&self) -> Vec<Rule> {
+        self.old.iter().chain([&self.taken]).cloned().collect()
+    }
+}
+
+/// A round past the budget of [`AtTheBudget`] that went by what the pods serve: `new` left out,
+/// every pod current, and `taken` served by each of `servers`.
+async fn new_left_out_and_taken_served(round: &PlaneOutcome, servers: &[&Server]) {
     let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
     assert_eq!(refused, [Some("new/r/0")], "{round:?}");
     assert!(round.all_current(), "{round:?}");
-    let data = behind.data_addr();
-    assert_eq!(
-        get(data, "/t/served", "taken-t-0.example.com", None)
-            .await
-            .0,
-        200
-    );
+    for server in servers {
+        let data = server.data_addr();
+        assert_eq!(
+            get(data, "/t/served", "taken-t-0.example.com", None)
+                .await
+                .0,
+            200
+        );
+    }
 }
 
 /// How many of the patterns `costly` makes (0, 1, ...) fit the regex budget together beside
@@ -1167,11 +1198,7 @@ fn regex_rule(backend: SocketAddr, pattern: &str, name: &str) -> Rule {
 }
 
 /// A round of `doc` with its regexes weighed as the controller weighs a plane's.
-async fn weighed_round(
-    pusher: &mut Pusher,
-    pods: &[SocketAddr],
-    doc: &Config,
-) -> cftunnel_controller::push::PlaneOutcome {
+async fn weighed_round(pusher: &mut Pusher, pods: &[SocketAddr], doc: &Config) -> PlaneOutcome {
     use cftunnel_config::valid;
     let mut cache = valid::Cache::default();
     for r in &doc.rules {
@@ -1196,23 +1223,11 @@ async fn weighed_round(
 /// goes by that document, so the rule added now goes and the costlier one the pods serve stays.
 #[tokio::test]
 async fn a_fresh_controller_goes_by_an_unversioned_document_when_no_pod_holds_a_pushed_one() {
-    use cftunnel_config::valid::Pattern;
-
     let backend = echo().await;
     let servers = [proxy().await, proxy().await];
-    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
-    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
-    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
-    // Costlier than the rule added next: with nothing known of what the pods hold, it is the
-    // one whose going frees most.
-    let taken = "/t/\\w{3,48}";
-    let fit = costly_that_fit(cost(taken), costly);
-    assert!(cost(taken) > cost(&costly(fit)));
+    let rules = AtTheBudget::new(backend.http_addr());
     let mut doc = Config {
-        rules: (0..fit)
-            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
-            .chain(std::iter::once(rule(taken, "taken/t/0")))
-            .collect(),
+        rules: rules.served(),
         ..Config::default()
     };
     for server in &servers {
@@ -1220,21 +1235,10 @@ async fn a_fresh_controller_goes_by_an_unversioned_document_when_no_pod_holds_a_
         assert_eq!(held(server).await, 0);
     }
 
-    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    doc.rules.insert(0, rules.new);
     let pods: Vec<SocketAddr> = servers.iter().map(Server::admin_addr).collect();
     let round = weighed_round(&mut Pusher::default(), &pods, &doc).await;
-    let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
-    assert_eq!(refused, [Some("new/r/0")], "{round:?}");
-    assert!(round.all_current(), "{round:?}");
-    for server in &servers {
-        let data = server.data_addr();
-        assert_eq!(
-            get(data, "/t/served", "taken-t-0.example.com", None)
-                .await
-                .0,
-            200
-        );
-    }
+    new_left_out_and_taken_served(&round, &[&servers[0], &servers[1]]).await;
 }
 
 /// A pod at version 0 (a new one, its document empty) beside one holding a pushed document
@@ -1244,23 +1248,14 @@ async fn a_fresh_controller_goes_by_an_unversioned_document_when_no_pod_holds_a_
 /// one, so the rule added now goes, not the costlier one the pods serve.
 #[tokio::test]
 async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed_one() {
-    use cftunnel_config::valid::Pattern;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     let backend = echo().await;
     let (fresh, ahead) = (proxy().await, proxy().await);
-    let rule = |pattern: &str, name: &str| regex_rule(backend.http_addr(), pattern, name);
-    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
-    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
-    let taken = "/t/\\w{3,48}";
-    let fit = costly_that_fit(cost(taken), costly);
-    assert!(cost(taken) > cost(&costly(fit)));
+    let rules = AtTheBudget::new(backend.http_addr());
     let mut doc = Config {
-        rules: (0..fit)
-            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
-            .chain(std::iter::once(rule(taken, "taken/t/0")))
-            .collect(),
+        rules: rules.served(),
         ..Config::default()
     };
     let first = weighed_round(&mut Pusher::default(), &[ahead.admin_addr()], &doc).await;
@@ -1271,7 +1266,7 @@ async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed
 
     // For a round, `ahead` tells its version and nothing more, and `fresh` answers reads
     // only: nothing is pushed that would change what either holds.
-    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    doc.rules.insert(0, rules.new);
     let open = Arc::new(AtomicBool::new(false));
     let pods = [
         support::requests_port(fresh.admin_addr(), &["GET /config"], Arc::clone(&open)).await,
@@ -1289,16 +1284,5 @@ async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed
 
     open.store(true, Ordering::SeqCst);
     let round = weighed_round(&mut pusher, &pods, &doc).await;
-    let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
-    assert_eq!(refused, [Some("new/r/0")], "{round:?}");
-    assert!(round.all_current(), "{round:?}");
-    for server in [&fresh, &ahead] {
-        let data = server.data_addr();
-        assert_eq!(
-            get(data, "/t/served", "taken-t-0.example.com", None)
-                .await
-                .0,
-            200
-        );
-    }
+    new_left_out_and_taken_served(&round, &[&fresh, &ahead]).await;
 }
