@@ -777,9 +777,10 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
 }
 
 /// More rules refused than a round leaves out (seven): the round says it was cut off, and the
-/// next finds the rest. A round cut off after the pod that refused is replaced by another of its
-/// release keeps the refusals it did not reach again, as they were, rather than drop them for
-/// a round.
+/// next finds the rest. A round after the pod that refused is replaced keeps the refusals it
+/// did not reach again, as they were, rather than drop them for a round: one whose pods do not
+/// answer yet (it reached none), and one cut off (the replacing pod, of the same release,
+/// refusing more than the round leaves out).
 #[tokio::test]
 async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     use cftunnel_config::{Cors, Filter, FilterType};
@@ -827,6 +828,15 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     let replacing = OlderProxy::start(behind.admin_addr(), "CORS")
         .await
         .expect("the replacing pod starts");
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let not_up = support::gated_port(replacing.addr(), open).await;
+    let unanswered = pusher.sync(&plane(), &doc, TOKEN, &[not_up]).await;
+    assert!(!unanswered.all_current(), "{unanswered:?}");
+    assert_eq!(
+        (by(&unanswered, older.addr()), unanswered.refusals_cut_off),
+        (10, false),
+        "{unanswered:?}"
+    );
     let third = pusher
         .sync(&plane(), &doc, TOKEN, &[replacing.addr()])
         .await;

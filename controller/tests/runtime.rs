@@ -5786,8 +5786,9 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
 }
 
 /// A controller that takes over from one that told a route a rule of it was refused, and finds
-/// the pool's pod replaced by another of the same release (a rollout of the same image): the
-/// refusal is the same though another pod makes it, and is not told again.
+/// the pool's pod replaced by another of the same release (a rollout of the same image), and a
+/// route added ahead of the refused rule in the document: the refusal is the same though
+/// another pod makes it, at another place in the document, and is not told again.
 #[tokio::test]
 async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_leader() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -5815,6 +5816,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
         );
         slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
         api.put(slice);
+        api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: ahead, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /a-path-long-enough-to-move-the-rules-after-it}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
         let (stop, controller, _) = pool_controller(&api);
         eventually("the refusal of the replacing pod", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
@@ -5837,27 +5839,102 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
 }
 
 /// A controller that takes over from one that told ten routes a rule of each was refused: a
-/// round leaves out only so many refused rules (seven), and the rest are found in the next.
-/// Meanwhile those routes keep the refusal their status carries, and no route is told again.
+/// round pushes only so many times (eight), each pass leaving out what the pod refused, and
+/// the rest are found in the next. Meanwhile those routes keep the refusal their status
+/// carries, and no route is told again.
 #[tokio::test]
 async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_again() {
+    more_refusals_than_a_round_leaves_out(10, 1).await;
+}
+
+/// As [`a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_again`], with
+/// fifteen refused rules one route's, found over three rounds: the route's condition says
+/// what each round found (not, the plane cut off again, what the controller wrote itself the
+/// round before), the rounds cut off tell nothing, and the route is told once, of all fifteen.
+#[tokio::test]
+async fn a_route_with_more_refused_rules_than_a_round_leaves_out_is_told_once() {
+    more_refusals_than_a_round_leaves_out(1, 15).await;
+}
+
+/// `routes` routes on the pool, each with `rules` rules the pod refuses: told by one
+/// controller, then the lead changing hands.
+async fn more_refusals_than_a_round_leaves_out(routes: usize, rules: usize) {
     use std::sync::atomic::AtomicBool;
+    // The refusals a round finds: the pod refuses one rule a push, and a round pushes eight
+    // times, the last with nothing more left out.
+    const FOUND: usize = 7;
     tokio::time::timeout(Duration::from_secs(60), async {
         let (echo, _pool, older) = older_pool().await;
-        let routes: String = (0..10)
+        let (head, rule) = CORS_ROUTE
+            .split_once("  rules:\n")
+            .expect("a route with rules");
+        let all: String = (0..routes)
             .map(|i| {
-                let route = CORS_ROUTE
-                    .replace("name: cors,", &format!("name: cors-{i},"))
-                    .replace("/cors", &format!("/cors-{i}"));
-                format!("---\n{route}")
+                let rules: String = (0..rules)
+                    .map(|j| rule.replace("/cors", &format!("/cors-{i}-{j}")))
+                    .collect();
+                let head = head.replace("name: cors,", &format!("name: cors-{i},"));
+                format!("---\n{head}  rules:\n{rules}")
             })
             .collect();
-        let (api, stop, controller) = on_the_pool(older.addr(), echo.http_addr(), &routes).await;
+        let api = pool_api(older.addr(), echo.http_addr(), &all).await;
+        // Per route, how many refusals each write of its status said.
+        let written = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+            String,
+            Vec<usize>,
+        >::new()));
+        let record = Arc::clone(&written);
+        let recording = api.forbid(move |c| {
+            let body = c.body.to_string();
+            if let (true, Some(name)) =
+                (c.method == "PATCH" && body.contains("RuleRefused"), c.name)
+            {
+                let mut written = record.lock().expect("the record");
+                let said = written.entry(name.to_owned()).or_default();
+                said.push(body.matches("refused rule").count());
+            }
+            false
+        });
+        let (stop, controller, _) = pool_controller(&api);
+        // Each route's refusals, all of them found.
+        let refused = |i: usize| {
+            route_condition(&api, "tenant-s", &format!("cors-{i}"), PROXY_CONFIG_PUSHED)
+                .filter(|c| c["reason"] == "RuleRefused")
+                .and_then(|c| {
+                    c["message"]
+                        .as_str()
+                        .map(|m| m.matches("refused rule").count())
+                })
+        };
+        for i in 0..routes {
+            eventually("every refusal on the route's condition", || {
+                (refused(i) == Some(rules)).then_some(())
+            })
+            .await;
+        }
         eventually("a ProxyRuleRefused Event for each route", || {
-            (rule_refusals_told(&api) == 10).then_some(())
+            (rule_refusals_told(&api) >= routes as u64).then_some(())
         })
         .await;
         stop_controller(stop, controller).await;
+        drop(recording);
+        assert_eq!(
+            rule_refusals_told(&api),
+            routes as u64,
+            "each route told once, of every refusal"
+        );
+        // The refusals the rounds found so far, of the route's rules (in document order, the
+        // routes' rules one after the other), as the rounds go.
+        let rounds = (routes * rules).div_ceil(FOUND);
+        let written = written.lock().expect("the record").clone();
+        for i in 0..routes {
+            let mut found: Vec<usize> = (1..=rounds)
+                .map(|round| (round * FOUND).saturating_sub(i * rules).min(rules))
+                .filter(|&found| found > 0)
+                .collect();
+            found.dedup();
+            assert_eq!(written.get(&format!("cors-{i}")), Some(&found), "cors-{i}");
+        }
 
         let dropped = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&dropped);
@@ -5871,8 +5948,8 @@ async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_a
             false
         });
         let (stop, controller, health) = pool_controller(&api);
-        // Two rounds that pushed: the first cut off, the second leaving out the rest.
-        eventually("the new controller's second push", || {
+        // Rounds that pushed: those cut off, and the last leaving out the rest.
+        eventually("the new controller's last push", || {
             let metrics = health.metrics_text().ok()?;
             metrics
                 .lines()
@@ -5881,19 +5958,13 @@ async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_a
                         "cftunnel_controller_push_duration_seconds_count{plane=\"shared\"} ",
                     )
                 })
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .filter(|n| *n >= 2)
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|n| *n >= rounds)
         })
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        for i in 0..10 {
-            let refused =
-                route_condition(&api, "tenant-s", &format!("cors-{i}"), PROXY_CONFIG_PUSHED);
-            assert_eq!(
-                refused.map(|c| c["reason"].clone()),
-                Some(json!("RuleRefused")),
-                "cors-{i}"
-            );
+        for i in 0..routes {
+            assert_eq!(refused(i), Some(rules), "cors-{i}");
         }
         assert!(
             !dropped.load(Ordering::SeqCst),
@@ -5901,9 +5972,92 @@ async fn a_new_leader_finding_more_refusals_than_a_round_leaves_out_tells_none_a
         );
         assert_eq!(
             rule_refusals_told(&api),
-            10,
+            routes as u64,
             "told once, by the first controller"
         );
+        stop_controller(stop, controller).await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The pod that refused a rule replaced by one whose config port does not answer yet: the
+/// round that pushes to it hears nothing of what the pods refuse, so the refusal stands (the
+/// route's status keeps it); once the new pod answers, refusing the rule too, it is the same
+/// refusal, and no second `ProxyRuleRefused` goes out.
+#[tokio::test]
+async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
+    use std::sync::atomic::AtomicBool;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (echo, pool, older) = older_pool().await;
+        let api = pool_api(
+            older.addr(),
+            echo.http_addr(),
+            &format!("---\n{CORS_ROUTE}"),
+        )
+        .await;
+        let (stop, controller, health) = pool_controller(&api);
+        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&api) == 1).then_some(())
+        })
+        .await;
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = api.forbid(move |c| {
+            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
+            if cors && !c.body.to_string().contains("RuleRefused") {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let replacing = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the replacing pod starts");
+        let open = Arc::new(AtomicBool::new(false));
+        let gate = support::gated_port(replacing.addr(), Arc::clone(&open)).await;
+        let mut slice = config_slice("cftunnel-system", "cftunnel-proxy", gate.port(), true);
+        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        api.put(slice);
+        let failures = || {
+            let metrics = health.metrics_text().unwrap_or_default();
+            metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"shared\"} ")
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        eventually("pushes to the replacing pod failing", || {
+            (failures() >= 3).then_some(())
+        })
+        .await;
+        assert_eq!(
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
+            Some(refused["message"].clone()),
+            "the refusal as it was found"
+        );
+        open.store(true, Ordering::SeqCst);
+        eventually("the refusal of the replacing pod", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&gate.to_string()))
+            })
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the route's status was written without the refusal"
+        );
+        assert_eq!(rule_refusals_told(&api), 1, "told once");
         stop_controller(stop, controller).await;
     })
     .await
@@ -6009,16 +6163,21 @@ async fn on_the_pool(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
-    let api = ApiServer::builder()
+    let api = pool_api(pool, backend, more).await;
+    let (stop, controller, _) = pool_controller(&api);
+    (api, stop, controller)
+}
+
+/// The API server of [`on_the_pool`], without the controller.
+async fn pool_api(pool: SocketAddr, backend: SocketAddr, more: &str) -> ApiServer {
+    ApiServer::builder()
         .rbac(REQUIRED_RBAC)
         .seed(format!(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}{more}",
             shared_seed(pool, backend)
         ))
         .start()
-        .await;
-    let (stop, controller, _) = pool_controller(&api);
-    (api, stop, controller)
+        .await
 }
 
 /// The pool's pod, the current release, behind an older release (one that refuses CORS

@@ -267,9 +267,13 @@ impl<'a> Client<'a> {
 /// not taken for one about this); a proxy of an earlier release, or one that could not read a
 /// rule at all (an unknown filter type), names it only at the start of `error`
 /// (`rules[3].filters[0].type: ...`, possibly after `invalid JSON: `).
+///
+/// The reason goes without the JSON reader's position (` at line 1 column 5120`): that is the
+/// rule's place in the document pushed, which moves with every rule before it, not part of why
+/// the rule is refused.
 fn refused_rule(answer: &[u8], doc: &Config) -> Option<(usize, String)> {
     let answer: serde_json::Value = serde_json::from_slice(answer).ok()?;
-    let error = answer.get("error")?.as_str()?.to_owned();
+    let error = without_position(answer.get("error")?.as_str()?).to_owned();
     let rule = match answer.get("rule").and_then(serde_json::Value::as_u64) {
         Some(rule) => usize::try_from(rule).ok()?,
         None => {
@@ -285,6 +289,18 @@ fn refused_rule(answer: &[u8], doc: &Config) -> Option<(usize, String)> {
         }
     }
     Some((rule, error))
+}
+
+/// `error` without the position a JSON reader appends to its message (` at line N column M`).
+fn without_position(error: &str) -> &str {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    error
+        .rsplit_once(" at line ")
+        .filter(|(_, at)| {
+            at.split_once(" column ")
+                .is_some_and(|(line, column)| digits(line) && digits(column))
+        })
+        .map_or(error, |(said, _)| said)
 }
 
 /// The limit a 413 states (`{"error": "config larger than N bytes"}`), if it does.
@@ -344,6 +360,44 @@ mod tests {
             br#"not json"#,
         ] {
             assert_eq!(refused_rule(unnamed, &doc), None);
+        }
+    }
+
+    /// A rule a proxy could not read is named by the JSON reader, which ends its message with
+    /// the rule's position in the document pushed: that goes (the same refusal reads the same
+    /// whatever comes before the rule), and the rest of the reason stays.
+    #[test]
+    fn a_refusals_reason_goes_without_the_readers_position() {
+        let answer = |first: &str| {
+            let text = format!(
+                r#"{{"rules": [{{"name": "{first}"}}, {{"filters": [{{"type": "Teleport"}}]}}]}}"#
+            );
+            let read = serde_json::from_str::<Config>(&text).expect_err("an unknown filter type");
+            assert!(read.to_string().contains(" at line 1 column "), "{read}");
+            let error = format!("invalid JSON: rules[1].filters[0].type: {read}");
+            let doc = Config {
+                rules: vec![Rule::default(), Rule::default()],
+                ..Config::default()
+            };
+            let body = serde_json::json!({ "error": error }).to_string();
+            refused_rule(body.as_bytes(), &doc).expect("the rule named")
+        };
+        let (rule, reason) = answer("a/r/0");
+        assert_eq!(rule, 1);
+        assert!(
+            reason
+                .starts_with("invalid JSON: rules[1].filters[0].type: unknown variant `Teleport`")
+                && reason.ends_with("`CORS`"),
+            "{reason}"
+        );
+        assert_eq!(answer(&"a".repeat(300)), (rule, reason));
+        // Only a position at the very end is the reader's.
+        for kept in [
+            "rules[0].x: seen at line 3",
+            "rules[0].x: at line 1 column 4 of the regex, and more",
+            "rules[0].x: at line one column 4",
+        ] {
+            assert_eq!(without_position(kept), kept);
         }
     }
 }

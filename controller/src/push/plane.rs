@@ -162,7 +162,7 @@ pub(super) async fn sync_plane(
     }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
-    let (version, pods, previous_needed, token_refused, down, cut_off) = loop {
+    let (version, pods, previous_needed, token_refused, down, cut_off, answered) = loop {
         passes += 1;
         let document = || Config {
             version: 0,
@@ -212,6 +212,12 @@ pub(super) async fn sync_plane(
                 });
             }
         };
+        // A pod answered the push (took it, held it, or refused it): what the pods refuse is
+        // heard of.
+        let answered = sent
+            .puts
+            .iter()
+            .any(|(_, put)| !matches!(put, Put::Failed(_)));
         let accepted = &state.accepted;
         let mut cut = false;
         // A pod refused a rule that is not left out: past the last pass, or not named.
@@ -256,6 +262,7 @@ pub(super) async fn sync_plane(
                 sent.token_refused,
                 sent.down,
                 refusing,
+                answered,
             );
         }
         tracing::warn!(
@@ -265,10 +272,11 @@ pub(super) async fn sync_plane(
         );
         kept.retain(|i| !left_out.contains(i));
     };
-    // Cut off, the round decided only the refusals it found: those it set out to check again
-    // and did not reach stand as they were (the next round checks them), rather than go for a
-    // round and come back.
-    if cut_off {
+    // Cut off, the round decided only the refusals it found; with pods listed and none of them
+    // answering its last push (a pod replaced by one not up yet), it decided none: those it
+    // set out to check again and did not reach stand as they were (the next round checks
+    // them), rather than go for a round and come back.
+    if cut_off || (!answered && !round.pods.is_empty()) {
         rechecked.retain(|r| !state.refusals.iter().any(|found| found.rule == r.rule));
         state.refusals.append(&mut rechecked);
     }

@@ -596,6 +596,10 @@ struct Reconciler {
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed), with the plane ([`report::refused_rules`]).
     refused_rules: BTreeMap<translate::RouteKey, Vec<(PlaneKey, String)>>,
+    /// Planes whose round stopped leaving rules out while their pods still refused some
+    /// ([`push::PlaneOutcome::refusals_cut_off`]): what they refuse is known only in part, so
+    /// it is neither told nor taken as the pods' answer.
+    refusals_cut_off: HashSet<PlaneKey>,
     /// What routes were told of their refused rules, by this process or an earlier leader.
     refusals_told: report::RefusalsTold,
     /// Routes told their plane's pods have not taken the config: an Event once per run of
@@ -974,6 +978,7 @@ impl Reconciler {
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
+            refusals_cut_off: HashSet::new(),
             refusals_told: report::RefusalsTold::default(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
@@ -1475,6 +1480,11 @@ impl Reconciler {
             }
         }
         self.refused_rules = report::refused_rules(&output, &outcomes);
+        self.refusals_cut_off = outcomes
+            .iter()
+            .filter(|(_, outcome)| outcome.refusals_cut_off)
+            .map(|(plane, _)| plane.clone())
+            .collect();
         if self.inherited_push_failures.is_none() {
             let told = self.planes_told_push_failed(snapshot, &output, &planes);
             self.inherited_push_failures = Some(told);

@@ -150,11 +150,11 @@ pub(super) enum Told {
         reason: &'static str,
         message: String,
     },
-    /// The rules of a route one plane's pods refused, by its [`refusal_key`].
+    /// The rules of a route one plane's pods refused, by their [`refusal_key`]s.
     RuleRefused {
         route: String,
         plane: PlaneKey,
-        key: String,
+        keys: RefusalKeys,
     },
     /// A route's config push failing, once per run of failures.
     PushFailed { route: String },
@@ -616,8 +616,8 @@ impl Reconciler {
                     self.condition_told.remove(&key);
                 }
             }
-            Told::RuleRefused { route, plane, key } => {
-                self.refusals_told.untell(&route, &plane, &key);
+            Told::RuleRefused { route, plane, keys } => {
+                self.refusals_told.untell(&route, &plane, &keys);
             }
             Told::PushFailed { route } => {
                 self.push_failed_told.remove(&route);
@@ -847,6 +847,32 @@ impl Reconciler {
                 .filter(|c| c["status"] == "False" && c["reason"] == reason)
             };
             let message = |c: &Value| c["message"].as_str().unwrap_or_default().to_owned();
+            let told_key = route_key.to_string();
+            routes_seen.insert(told_key.clone());
+            // A route this process reports on for the first time since it took the lead: what
+            // its status already says, an earlier leader wrote and told in an Event; a new
+            // leader telling it again would send every warning twice.
+            let first_report = self.reported_routes.insert(told_key.clone());
+            // The refusals of the route's rules an earlier leader told each parent, as its
+            // status says now: taken in before this process writes its own.
+            if first_report {
+                let config_planes: Vec<&PlaneKey> = output.configs.keys().collect();
+                let told = ours
+                    .iter()
+                    .filter_map(|parent| {
+                        let c = told_before(&parent.parent_ref, "RuleRefused")?;
+                        let serving = self.serving_plane(output, planes, &parent.parent_ref);
+                        Some(ToldBefore::new(
+                            parent.parent_ref.clone(),
+                            c["observedGeneration"].as_i64(),
+                            message(c),
+                            &config_planes,
+                            serving,
+                        ))
+                    })
+                    .collect();
+                self.refusals_told.inherit(&told_key, told);
+            }
             let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
                 let Some(parent) = ours.get(i) else { return };
                 let accepted = parent
@@ -964,22 +990,20 @@ impl Reconciler {
                         message: message(told),
                         observed_generation: meta.generation,
                     });
-                } else if let Some(told) = told_before(&parent.parent_ref, "RuleRefused")
-                    // Said of the route as it is: a rule since changed may be refused no more.
-                    .filter(|c| c["observedGeneration"].as_i64() == meta.generation)
-                    .filter(|c| {
-                        refusal_planes(&message(c), output.configs.keys(), Some(plane))
-                            .iter()
-                            .any(|p| !self.pushed_planes.contains(p))
-                    })
+                } else if let Some(told) = self
+                    .refusals_told
+                    // Said of the route as it is (a rule since changed may be refused no
+                    // more), by an earlier leader.
+                    .inherited(&told_key, &parent.parent_ref, meta.generation)
+                    .filter(|_| !self.pushed_planes.contains(plane))
                 {
-                    // A plane it names not pushed by this process yet: the refusal of the route
-                    // as it is stands until a push says.
+                    // The plane serving the parent not answering this process's pushes yet:
+                    // the refusal of the route as it is stands until its pods say.
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
-                        message: message(told),
+                        message: told.to_owned(),
                         observed_generation: meta.generation,
                     });
                 } else if let Some(refused) = self.refused_rules.get(&route_key) {
@@ -988,7 +1012,7 @@ impl Reconciler {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
-                        message: said.join("; "),
+                        message: said.join(REFUSALS_JOINED),
                         observed_generation: meta.generation,
                     });
                 }
@@ -996,9 +1020,7 @@ impl Reconciler {
             let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
             // The Event mirrors the condition, once per run of failures.
             let serving = |parent: &translate::RouteParentStatus| {
-                let gateway = output.statuses.parent_gateway(&parent.parent_ref)?;
-                let plane = output.planes.get(&gateway)?;
-                Some(self.serving_peer(plane, planes).unwrap_or(plane))
+                self.serving_plane(output, planes, &parent.parent_ref)
             };
             let failed_now = ours.iter().find_map(|parent| {
                 serving(parent)
@@ -1011,15 +1033,6 @@ impl Reconciler {
                 serving(parent).is_some_and(|p| self.inherited(p))
                     && told_before(&parent.parent_ref, "PushFailed").is_some()
             });
-            // The plane serving each parent, for what an earlier leader told it.
-            let parent_planes: Vec<Option<PlaneKey>> =
-                ours.iter().map(|parent| serving(parent).cloned()).collect();
-            let told_key = route_key.to_string();
-            routes_seen.insert(told_key.clone());
-            // A route this process reports on for the first time since it took the lead: what
-            // its status already says, an earlier leader wrote and told in an Event; a new
-            // leader telling it again would send every warning twice.
-            let first_report = self.reported_routes.insert(told_key.clone());
             let before = |kind: &str| {
                 let parents = ours.iter().map(|parent| &parent.parent_ref);
                 first_report
@@ -1073,50 +1086,30 @@ impl Reconciler {
                 }
             }
             // The refusals of the route's rules, per plane: an Event when what a plane's pods
-            // refuse changes, and none for what an earlier leader told of the route as it is
-            // (as its status said at its first report).
-            if first_report {
-                let told = ours
-                    .iter()
-                    .zip(&parent_planes)
-                    .filter_map(|(parent, serving)| {
-                        let c = told_before(&parent.parent_ref, "RuleRefused")?;
-                        let said = message(c);
-                        let planes = refusal_planes(&said, output.configs.keys(), serving.as_ref());
-                        Some(ToldBefore {
-                            generation: c["observedGeneration"].as_i64(),
-                            key: refusal_key(&said),
-                            planes,
-                        })
-                    })
-                    .collect();
-                self.refusals_told.inherit(&told_key, told);
-            }
+            // refuse changes, and none for what an earlier leader told of the route as it is.
             let refused = self
                 .refused_rules
                 .get(&route_key)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            self.refusals_told
-                .settle(&told_key, refused, &self.pushed_planes);
-            let refusing: BTreeSet<&PlaneKey> = refused.iter().map(|(plane, _)| plane).collect();
-            for plane in refusing {
+            let untold = self.refusals_told.untold(
+                &told_key,
+                refused,
+                &self.pushed_planes,
+                &self.refusals_cut_off,
+                meta.generation,
+            );
+            for (plane, keys) in untold {
                 let said: Vec<&str> = refused
                     .iter()
-                    .filter(|(p, _)| p == plane)
+                    .filter(|(p, _)| *p == plane)
                     .map(|(_, said)| said.as_str())
                     .collect();
-                let (told, key) = self
-                    .refusals_told
-                    .told(&told_key, plane, &said, meta.generation);
-                if told {
-                    continue;
-                }
-                let note = said.join("; ");
+                let note = said.join(REFUSALS_JOINED);
                 let told = Told::RuleRefused {
                     route: told_key.clone(),
                     plane: plane.clone(),
-                    key: key.clone(),
+                    keys: keys.clone(),
                 };
                 let event = self.event(
                     &regarding,
@@ -1127,7 +1120,7 @@ impl Reconciler {
                     told,
                 );
                 if self.status_writes.event(event) {
-                    self.refusals_told.took(&told_key, plane, key);
+                    self.refusals_told.took(&told_key, &plane, keys);
                 }
             }
             match failed_now {
@@ -1226,6 +1219,19 @@ impl Reconciler {
         writes
             .patches
             .push((key, digest, Box::pin(write.in_current_span())));
+    }
+
+    /// The plane that serves `parent`: its Gateway's, or the peer that serves it in its place
+    /// ([`Reconciler::serving_peer`]).
+    fn serving_plane<'p>(
+        &self,
+        output: &'p translate::Output,
+        planes: &'p BTreeMap<PlaneKey, PlaneInfo>,
+        parent: &translate::ParentRef,
+    ) -> Option<&'p PlaneKey> {
+        let gateway = output.statuses.parent_gateway(parent)?;
+        let plane = output.planes.get(&gateway)?;
+        Some(self.serving_peer(plane, planes).unwrap_or(plane))
     }
 
     /// For the plane of a Gateway never applied (being applied, or its first apply failed),
@@ -1960,6 +1966,13 @@ fn push_failed(
     failed
 }
 
+/// How [`refused_rules`] opens a refusal a pod made: `proxy pod 10.0.0.5:8081 of the ...`.
+const BY_POD: &str = "proxy pod ";
+/// How [`refused_rules`] words a rule left out for the regex budget, after `the {plane} `.
+const NO_ROOM: &str = "plane's document has no room for the regexes of";
+/// What [`refused_rules`]'s refusals are joined with in a condition's message.
+const REFUSALS_JOINED: &str = "; ";
+
 /// Per route, the rules of it that proxy pods refused this round, each with the plane whose
 /// pods did and the reason, in one order whatever the order they were found in (by
 /// [`refusal_key`]), each once. A rule of the controller's own (no route) that a pod refuses
@@ -1978,8 +1991,8 @@ pub(super) fn refused_rules(
                 .and_then(Option::as_ref);
             let name = refused.name.as_deref().unwrap_or("without a name");
             let by = match refused.pod {
-                Some(pod) => format!("proxy pod {pod} of the {plane} plane refused"),
-                None => format!("the {plane} plane's document has no room for the regexes of"),
+                Some(pod) => format!("{BY_POD}{pod} of the {plane} plane refused"),
+                None => format!("the {plane} {NO_ROOM}"),
             };
             match owner {
                 Some(route) => {
@@ -2015,25 +2028,46 @@ pub(super) fn refused_rules(
         .collect()
 }
 
-/// A refusal as [`refused_rules`] words it (or several, or a condition's message saying them),
-/// without what depends on how the pusher came to find it rather than on what was refused:
-/// the pod named (the first of the plane's pods to refuse the rule, which may be another by
-/// the time a new leader finds it) and the rule's position in the document that pod was
-/// pushed (`rules[3]`: which rules were left out before it depends on what was found first).
-/// Refusals alike in this are one refusal, told once.
+/// The refusals a condition's message says, as [`refused_rules`] words and joins them: split
+/// only where one of its refusals opens, as a pod's reason may hold the separator itself.
+fn refusals_said(message: &str) -> Vec<&str> {
+    let opens = |rest: &str| {
+        rest.starts_with(BY_POD)
+            || rest
+                .strip_prefix("the ")
+                .and_then(|rest| rest.split_once(' '))
+                .is_some_and(|(_, rest)| rest.starts_with(NO_ROOM))
+    };
+    let mut said = Vec::new();
+    let mut from = 0;
+    for (at, _) in message.match_indices(REFUSALS_JOINED) {
+        let next = at + REFUSALS_JOINED.len();
+        if opens(&message[next..]) {
+            said.push(&message[from..at]);
+            from = next;
+        }
+    }
+    said.push(&message[from..]);
+    said
+}
+
+/// A refusal as [`refused_rules`] words it, without what depends on how the pusher came to
+/// find it rather than on what was refused: the pod named (the first of the plane's pods to
+/// refuse the rule, which may be another by the time a new leader finds it) and the rule's
+/// position in the document that pod was pushed (`rules[3]`: which rules were left out before
+/// it depends on what was found first). Refusals alike in this are one refusal, told once.
 pub(super) fn refusal_key(said: &str) -> String {
-    const POD: &str = "proxy pod ";
     const POSITION: &str = "rules[";
     let mut key = String::with_capacity(said.len());
     let mut rest = said;
-    while let Some((at, marker)) = [POD, POSITION]
+    while let Some((at, marker)) = [BY_POD, POSITION]
         .into_iter()
         .filter_map(|marker| Some((rest.find(marker)?, marker)))
         .min()
     {
         let (before, after) = rest.split_at(at + marker.len());
         key.push_str(before);
-        let dropped = if marker == POD {
+        let dropped = if marker == BY_POD {
             after.find(' ')
         } else {
             after.find(|c: char| !c.is_ascii_digit())
@@ -2044,18 +2078,18 @@ pub(super) fn refusal_key(said: &str) -> String {
     key
 }
 
-/// The planes of `planes` that a refusal told (a condition's message, as [`refused_rules`]
-/// words it) names; with none named (the wording of another release), `serving`, the plane
-/// that serves the parent it was told of.
-fn refusal_planes<'p>(
+/// The planes of `planes` that a refusal told (as [`refused_rules`] words it) names; with none
+/// named (the wording of another release), `serving`, the plane that serves the parent it was
+/// told of.
+fn refusal_planes(
     said: &str,
-    planes: impl IntoIterator<Item = &'p PlaneKey>,
+    planes: &[&PlaneKey],
     serving: Option<&PlaneKey>,
 ) -> BTreeSet<PlaneKey> {
     let named: BTreeSet<PlaneKey> = planes
-        .into_iter()
+        .iter()
         .filter(|plane| said.contains(&format!("the {plane} plane")))
-        .cloned()
+        .map(|&plane| plane.clone())
         .collect();
     if named.is_empty() {
         serving.into_iter().cloned().collect()
@@ -2064,11 +2098,15 @@ fn refusal_planes<'p>(
     }
 }
 
+/// What one plane's pods refuse of a route's rules, by the [`refusal_key`] of each: compared
+/// as a set, so a refusal is the same whatever order its rules were found in.
+pub(super) type RefusalKeys = BTreeSet<String>;
+
 /// What routes were told of the rules proxy pods refused: per route and plane, so a route
 /// carried by several planes is told what each refuses as that plane's pods answer, and what
 /// one plane's pods take again is forgotten without waiting for the others.
 ///
-/// Refusals are compared by their [`refusal_key`]: one found again by other means (another
+/// Refusals are compared by their [`refusal_key`]s: one found again by other means (another
 /// pod, another order) is the same refusal.
 #[derive(Default)]
 pub(super) struct RefusalsTold {
@@ -2079,7 +2117,7 @@ pub(super) struct RefusalsTold {
 #[derive(Default)]
 struct RouteRefusals {
     /// Per plane: the refusal its pods made that this process told, or took as told.
-    told: BTreeMap<PlaneKey, String>,
+    told: BTreeMap<PlaneKey, RefusalKeys>,
     /// What an earlier leader told, as the route's status said at this process's first report
     /// on it: each kept for the planes it names until they answer this process's pushes.
     before: Vec<ToldBefore>,
@@ -2087,12 +2125,43 @@ struct RouteRefusals {
 
 /// A refusal an earlier leader told a route (a parent's condition).
 pub(super) struct ToldBefore {
+    /// The parent it was told of.
+    parent: translate::ParentRef,
     /// The route's generation it was said of.
-    pub(super) generation: Option<i64>,
-    /// Its [`refusal_key`].
-    pub(super) key: String,
+    generation: Option<i64>,
+    /// The condition's message.
+    message: String,
+    /// Per plane it names, what it says that plane's pods refuse.
+    keys: BTreeMap<PlaneKey, RefusalKeys>,
     /// The planes it names whose pods have not answered this process's pushes yet.
-    pub(super) planes: BTreeSet<PlaneKey>,
+    planes: BTreeSet<PlaneKey>,
+}
+
+impl ToldBefore {
+    /// What an earlier leader told `parent` in a condition saying `message` of the route at
+    /// `generation`: each refusal it says is of the planes of `planes` it names, or, naming
+    /// none, of `serving`, the plane serving the parent.
+    pub(super) fn new(
+        parent: translate::ParentRef,
+        generation: Option<i64>,
+        message: String,
+        planes: &[&PlaneKey],
+        serving: Option<&PlaneKey>,
+    ) -> Self {
+        let mut keys: BTreeMap<PlaneKey, RefusalKeys> = BTreeMap::new();
+        for said in refusals_said(&message) {
+            for plane in refusal_planes(said, planes, serving) {
+                keys.entry(plane).or_default().insert(refusal_key(said));
+            }
+        }
+        Self {
+            parent,
+            generation,
+            planes: keys.keys().cloned().collect(),
+            keys,
+            message,
+        }
+    }
 }
 
 impl RefusalsTold {
@@ -2104,70 +2173,90 @@ impl RefusalsTold {
         }
     }
 
-    /// Forgets what `route` was told of the planes whose pods answered this process's pushes
-    /// (`answered`) refusing none of its rules (`refused`, this round's): a refusal they make
-    /// later is told again.
-    pub(super) fn settle(
+    /// What an earlier leader told `parent` of `route` at `generation` and stands, the planes
+    /// it names not all answered yet: the condition's message.
+    pub(super) fn inherited(
+        &self,
+        route: &str,
+        parent: &translate::ParentRef,
+        generation: Option<i64>,
+    ) -> Option<&str> {
+        self.routes
+            .get(route)?
+            .before
+            .iter()
+            .find(|told| told.parent == *parent && told.generation == generation)
+            .map(|told| told.message.as_str())
+    }
+
+    /// What this round tells `route` of its rules proxy pods refuse (`refused`, this round's,
+    /// each with its plane, as [`refused_rules`] words it; the route at `generation`): per
+    /// plane, the keys of what its pods refuse, unless told already, by this process or by an
+    /// earlier leader (whose word on a plane is taken in, and so used up, once that plane's
+    /// pods answer).
+    ///
+    /// A plane whose pods answered this process's pushes (`answered`) refusing none of the
+    /// route's rules takes back what it was told: a refusal it makes later is told again. A
+    /// plane whose round was cut off (`cut_off`: it stopped leaving rules out while pods still
+    /// refused) knows what its pods refuse only in part: it is neither told nor taken back.
+    pub(super) fn untold(
         &mut self,
         route: &str,
         refused: &[(PlaneKey, String)],
         answered: &HashSet<PlaneKey>,
-    ) {
+        cut_off: &HashSet<PlaneKey>,
+        generation: Option<i64>,
+    ) -> Vec<(PlaneKey, RefusalKeys)> {
+        let mut refusing: BTreeMap<&PlaneKey, RefusalKeys> = BTreeMap::new();
+        for (plane, said) in refused {
+            refusing.entry(plane).or_default().insert(refusal_key(said));
+        }
+        refusing.retain(|plane, _| !cut_off.contains(*plane));
         let Some(told) = self.routes.get_mut(route) else {
-            return;
+            return refusing
+                .into_iter()
+                .map(|(plane, keys)| (plane.clone(), keys))
+                .collect();
         };
         let taken = |plane: &PlaneKey| {
-            answered.contains(plane) && !refused.iter().any(|(refusing, _)| refusing == plane)
+            answered.contains(plane) && !cut_off.contains(plane) && !refusing.contains_key(plane)
         };
         told.told.retain(|plane, _| !taken(plane));
         for before in &mut told.before {
             before.planes.retain(|plane| !taken(plane));
         }
+        let mut untold = Vec::new();
+        for (plane, keys) in refusing {
+            let mut told_before = false;
+            for before in &mut told.before {
+                if before.planes.remove(plane) {
+                    told_before |=
+                        before.generation == generation && before.keys.get(plane) == Some(&keys);
+                }
+            }
+            if told_before {
+                told.told.insert(plane.clone(), keys);
+            } else if told.told.get(plane) != Some(&keys) {
+                untold.push((plane.clone(), keys));
+            }
+        }
         told.before.retain(|before| !before.planes.is_empty());
         if told.told.is_empty() && told.before.is_empty() {
             self.routes.remove(route);
         }
+        untold
     }
 
-    /// Whether `route` was told `said`, what `plane`'s pods refuse of its rules this round,
-    /// the route at `generation`: by this process, or by an earlier leader, whose word on
-    /// `plane` is taken in and so used up. Returns the refusal's key with it.
-    pub(super) fn told(
-        &mut self,
-        route: &str,
-        plane: &PlaneKey,
-        said: &[&str],
-        generation: Option<i64>,
-    ) -> (bool, String) {
-        let keys: Vec<String> = said.iter().map(|said| refusal_key(said)).collect();
-        let key = keys.join("; ");
-        let Some(told) = self.routes.get_mut(route) else {
-            return (false, key);
-        };
-        let mut told_before = false;
-        for before in &mut told.before {
-            if before.planes.remove(plane) {
-                told_before |= before.generation == generation
-                    && keys.iter().all(|k| before.key.contains(k.as_str()));
-            }
-        }
-        told.before.retain(|before| !before.planes.is_empty());
-        if told_before {
-            told.told.insert(plane.clone(), key.clone());
-        }
-        (told.told.get(plane) == Some(&key), key)
-    }
-
-    /// `route` was told `key`, what `plane`'s pods refuse of its rules.
-    pub(super) fn took(&mut self, route: &str, plane: &PlaneKey, key: String) {
+    /// `route` was told `keys`, what `plane`'s pods refuse of its rules.
+    pub(super) fn took(&mut self, route: &str, plane: &PlaneKey, keys: RefusalKeys) {
         let told = self.routes.entry(route.to_owned()).or_default();
-        told.told.insert(plane.clone(), key);
+        told.told.insert(plane.clone(), keys);
     }
 
-    /// Forgets that `route` was told `key` of `plane`, unless told something since.
-    fn untell(&mut self, route: &str, plane: &PlaneKey, key: &str) {
+    /// Forgets that `route` was told `keys` of `plane`, unless told something since.
+    fn untell(&mut self, route: &str, plane: &PlaneKey, keys: &RefusalKeys) {
         if let Some(told) = self.routes.get_mut(route) {
-            if told.told.get(plane).is_some_and(|told| told == key) {
+            if told.told.get(plane) == Some(keys) {
                 told.told.remove(plane);
             }
         }

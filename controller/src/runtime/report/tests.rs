@@ -310,8 +310,13 @@ fn a_note_is_cut_to_the_byte_limit_at_a_character_boundary() {
 /// A refusal as [`refused_rules`] words it: `pod` of `plane` refused the route's rule 0, at
 /// `position` in the document it was pushed.
 fn refusal(pod: &str, plane: &PlaneKey, position: usize) -> String {
+    refusal_of(0, pod, plane, position)
+}
+
+/// [`refusal`] of the route's rule `rule`.
+fn refusal_of(rule: usize, pod: &str, plane: &PlaneKey, position: usize) -> String {
     format!(
-        "proxy pod {pod} of the {plane} plane refused rule tenant/cors/0, which is left out \
+        "proxy pod {pod} of the {plane} plane refused rule tenant/cors/{rule}, which is left out \
          (the route's other rules are served): rules[{position}]: unknown field `cors`"
     )
 }
@@ -319,6 +324,19 @@ fn refusal(pod: &str, plane: &PlaneKey, position: usize) -> String {
 fn edge() -> PlaneKey {
     PlaneKey::Dedicated(ObjectKey::new("tenant", "edge"))
 }
+
+/// The Gateway the route's parent is, on the shared plane.
+fn parent() -> translate::ParentRef {
+    translate::ParentRef {
+        kind: Default::default(),
+        namespace: "tenant".to_owned(),
+        name: "public".to_owned(),
+        section_name: None,
+        port: None,
+    }
+}
+
+const ROUTE: &str = "tenant/cors";
 
 #[test]
 fn a_refusals_key_leaves_out_the_pod_and_the_rules_position() {
@@ -338,24 +356,67 @@ fn a_refusals_key_leaves_out_the_pod_and_the_rules_position() {
     );
 }
 
+/// What an earlier leader told the route's parent, `said` joined as a condition's message.
+fn told_before(told: &mut RefusalsTold, generation: i64, said: &[String]) {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    told.inherit(
+        ROUTE,
+        vec![ToldBefore::new(
+            parent(),
+            Some(generation),
+            said.join(REFUSALS_JOINED),
+            &[&shared, &edge],
+            Some(&shared),
+        )],
+    );
+}
+
 /// What an earlier leader told a route of two planes' refusals at once, in one message.
 fn told_of_both(told: &mut RefusalsTold, generation: i64) {
     let (shared, edge) = (PlaneKey::Shared, edge());
-    let said = format!(
-        "{}; {}",
-        refusal("10.0.0.5:8081", &shared, 1),
-        refusal("10.0.1.5:8081", &edge, 2)
+    told_before(
+        told,
+        generation,
+        &[
+            refusal("10.0.0.5:8081", &shared, 1),
+            refusal("10.0.1.5:8081", &edge, 2),
+        ],
     );
-    let planes = refusal_planes(&said, [&shared, &edge], None);
-    assert_eq!(planes, BTreeSet::from([shared, edge]));
-    told.inherit(
-        "tenant/cors",
-        vec![ToldBefore {
-            generation: Some(generation),
-            key: refusal_key(&said),
-            planes,
-        }],
-    );
+}
+
+/// The planes [`RefusalsTold::untold`] tells of, this round: `refused` with every plane in
+/// `answered` answering and none cut off.
+fn untold(
+    told: &mut RefusalsTold,
+    refused: &[(PlaneKey, String)],
+    answered: &[&PlaneKey],
+    generation: i64,
+) -> Vec<PlaneKey> {
+    let answered = answered.iter().map(|&p| p.clone()).collect();
+    told.untold(ROUTE, refused, &answered, &HashSet::new(), Some(generation))
+        .into_iter()
+        .map(|(plane, _)| plane)
+        .collect()
+}
+
+/// Tells the route what [`RefusalsTold::untold`] says to, as the report does once each
+/// Event is taken.
+fn tell(
+    told: &mut RefusalsTold,
+    refused: &[(PlaneKey, String)],
+    answered: &[&PlaneKey],
+    cut_off: &[&PlaneKey],
+) -> Vec<PlaneKey> {
+    let answered = answered.iter().map(|&p| p.clone()).collect();
+    let cut_off = cut_off.iter().map(|&p| p.clone()).collect();
+    let untold = told.untold(ROUTE, refused, &answered, &cut_off, Some(4));
+    untold
+        .into_iter()
+        .map(|(plane, keys)| {
+            told.took(ROUTE, &plane, keys);
+            plane
+        })
+        .collect()
 }
 
 #[test]
@@ -363,23 +424,19 @@ fn an_earlier_leaders_word_on_two_planes_is_taken_as_each_plane_answers() {
     let (shared, edge) = (PlaneKey::Shared, edge());
     let mut told = RefusalsTold::default();
     told_of_both(&mut told, 4);
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
     // The shared plane answers first, refusing what was told (found through another pod):
     // told already, and the edge plane's part stands.
     let now = refusal("10.0.0.7:8081", &shared, 0);
     let refused = [(shared.clone(), now.clone())];
-    told.settle("tenant/cors", &refused, &HashSet::from([shared.clone()]));
-    let (was_told, _) = told.told("tenant/cors", &shared, &[now.as_str()], Some(4));
-    assert!(was_told);
+    assert_eq!(untold(&mut told, &refused, &[&shared], 4), []);
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
     // A round later the edge plane answers with its refusal: told already too.
     let now_edge = refusal("10.0.1.5:8081", &edge, 0);
-    let refused = [(shared.clone(), now), (edge.clone(), now_edge.clone())];
-    told.settle(
-        "tenant/cors",
-        &refused,
-        &HashSet::from([shared.clone(), edge.clone()]),
-    );
-    let (was_told, _) = told.told("tenant/cors", &edge, &[now_edge.as_str()], Some(4));
-    assert!(was_told);
+    let refused = [(shared.clone(), now), (edge.clone(), now_edge)];
+    assert_eq!(untold(&mut told, &refused, &[&shared, &edge], 4), []);
+    // Every plane it named has answered: the word is used up.
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_none());
 }
 
 #[test]
@@ -387,9 +444,17 @@ fn an_earlier_leaders_word_is_not_taken_for_another_generation() {
     let shared = PlaneKey::Shared;
     let mut told = RefusalsTold::default();
     told_of_both(&mut told, 4);
+    assert!(told.inherited(ROUTE, &parent(), Some(5)).is_none());
+    let other = translate::ParentRef {
+        name: "private".to_owned(),
+        ..parent()
+    };
+    assert!(told.inherited(ROUTE, &other, Some(4)).is_none());
     let now = refusal("10.0.0.5:8081", &shared, 1);
-    let (was_told, _) = told.told("tenant/cors", &shared, &[now.as_str()], Some(5));
-    assert!(!was_told);
+    assert_eq!(
+        untold(&mut told, &[(shared.clone(), now)], &[&shared], 5),
+        [shared]
+    );
 }
 
 #[test]
@@ -399,17 +464,119 @@ fn a_plane_that_takes_the_rule_again_has_its_refusal_told_anew_later() {
     told_of_both(&mut told, 4);
     // The shared plane's pods answer this process's push refusing nothing (upgraded); the
     // edge plane's have not answered.
-    told.settle("tenant/cors", &[], &HashSet::from([shared.clone()]));
+    assert_eq!(tell(&mut told, &[], &[&shared], &[]), []);
     // Rolled back, at the same generation: a refusal to tell.
-    let again = refusal("10.0.0.5:8081", &shared, 1);
-    let (was_told, key) = told.told("tenant/cors", &shared, &[again.as_str()], Some(4));
-    assert!(!was_told);
-    told.took("tenant/cors", &shared, key);
+    let again = (shared.clone(), refusal("10.0.0.5:8081", &shared, 1));
+    assert_eq!(
+        tell(&mut told, std::slice::from_ref(&again), &[&shared], &[]),
+        vec![PlaneKey::Shared]
+    );
     // The edge plane's part, not answered yet, still stands.
-    let edge_says = refusal("10.0.1.5:8081", &edge, 2);
-    let (was_told, _) = told.told("tenant/cors", &edge, &[edge_says.as_str()], Some(4));
-    assert!(was_told);
+    let edge_says = (edge.clone(), refusal("10.0.1.5:8081", &edge, 2));
+    let both = [again, edge_says];
+    assert_eq!(tell(&mut told, &both, &[&shared, &edge], &[]), []);
     // Told once by this process: not again while it stands.
-    let (was_told, _) = told.told("tenant/cors", &shared, &[again.as_str()], Some(4));
-    assert!(was_told);
+    assert_eq!(tell(&mut told, &both, &[&shared, &edge], &[]), []);
+}
+
+/// The refusals of the route's rules 0 to `rules` by the shared plane's pod.
+fn refusals(rules: usize) -> Vec<(PlaneKey, String)> {
+    let shared = PlaneKey::Shared;
+    (0..rules)
+        .map(|rule| {
+            (
+                shared.clone(),
+                refusal_of(rule, "10.0.0.5:8081", &shared, rule),
+            )
+        })
+        .collect()
+}
+
+/// A round that stops leaving rules out at its last pass has found some of the route's
+/// refusals (seven of ten here): it tells nothing, and leaves an earlier leader's word on all
+/// ten for the round that finds them all.
+#[test]
+fn a_round_cut_off_tells_nothing_and_leaves_an_earlier_leaders_word() {
+    let shared = PlaneKey::Shared;
+    let all = refusals(10);
+    let said: Vec<String> = all.iter().map(|(_, said)| said.clone()).collect();
+    let mut told = RefusalsTold::default();
+    told_before(&mut told, 4, &said);
+    assert_eq!(tell(&mut told, &all[..7], &[], &[&shared]), []);
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
+    assert_eq!(tell(&mut told, &all, &[&shared], &[]), []);
+    // Without an earlier leader's word: one Event, for all ten, once they are found; and a
+    // later round cut off (its pods replaced) neither tells again nor forgets.
+    let mut told = RefusalsTold::default();
+    assert_eq!(tell(&mut told, &all[..7], &[], &[&shared]), []);
+    assert_eq!(
+        tell(&mut told, &all, &[&shared], &[]),
+        vec![PlaneKey::Shared]
+    );
+    assert_eq!(tell(&mut told, &all[..7], &[&shared], &[&shared]), []);
+    assert_eq!(tell(&mut told, &all, &[&shared], &[]), []);
+}
+
+/// An earlier leader's word is taken for exactly the refusals it told: not for more, fewer,
+/// or a reason it said otherwise (one of which another is the start).
+#[test]
+fn an_earlier_leaders_word_is_taken_for_what_it_told_and_no_other() {
+    let shared = PlaneKey::Shared;
+    let all = refusals(2);
+    let said: Vec<String> = all.iter().map(|(_, said)| said.clone()).collect();
+    let longer: Vec<(PlaneKey, String)> = all
+        .iter()
+        .map(|(plane, said)| (plane.clone(), format!("{said}, expected one of `mirror`")))
+        .collect();
+    for now in [&all[..1], &refusals(3)[..], &longer[..]] {
+        let mut told = RefusalsTold::default();
+        told_before(&mut told, 4, &said);
+        assert_eq!(
+            tell(&mut told, now, &[&shared], &[]),
+            vec![PlaneKey::Shared],
+            "{now:?}"
+        );
+    }
+    // A shorter reason, of which the one told is the start.
+    let mut told = RefusalsTold::default();
+    let said: Vec<String> = longer.iter().map(|(_, said)| said.clone()).collect();
+    told_before(&mut told, 4, &said);
+    assert_eq!(
+        tell(&mut told, &all, &[&shared], &[]),
+        vec![PlaneKey::Shared]
+    );
+    let mut told = RefusalsTold::default();
+    told_before(&mut told, 4, &said);
+    assert_eq!(tell(&mut told, &longer, &[&shared], &[]), []);
+}
+
+/// A condition's message is split where one of its refusals opens, not at every `; `: a
+/// reason (the note of a document too large) may hold one.
+#[test]
+fn a_told_message_is_split_where_its_refusals_open() {
+    let shared = PlaneKey::Shared;
+    let too_large = format!(
+        "proxy pod 10.0.0.5:8081 of the {shared} plane refused rule tenant/cors/1, which is left \
+         out (the route's other rules are served): PUT /config: 413: the plane's document is \
+         larger than its pods take; rules they do not serve yet go first, then the largest, \
+         until it fits"
+    );
+    let no_room = format!(
+        "the {shared} {NO_ROOM} rule tenant/cors/2, which is left out (the route's other rules \
+         are served): rules[2].matches[0].path: the document's regexes take too much"
+    );
+    let first = refusal("10.0.0.5:8081", &shared, 0);
+    let message = [first.as_str(), &too_large, &no_room].join(REFUSALS_JOINED);
+    assert_eq!(
+        refusals_said(&message),
+        [first.as_str(), &too_large, &no_room]
+    );
+    let now = [
+        (shared.clone(), first),
+        (shared.clone(), too_large),
+        (shared.clone(), no_room),
+    ];
+    let mut told = RefusalsTold::default();
+    told_before(&mut told, 4, &[message]);
+    assert_eq!(tell(&mut told, &now, &[&shared], &[]), []);
 }
