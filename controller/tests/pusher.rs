@@ -692,7 +692,7 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
 
     let backend = echo().await;
     let (current, behind) = (proxy().await, proxy().await);
-    let older = OlderProxy::start(behind.admin_addr(), "CORS")
+    let older = OlderProxy::start(behind.admin_addr())
         .await
         .expect("the older pod starts");
     let pods = [current.admin_addr(), older.addr()];
@@ -788,7 +788,7 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
 
     let backend = echo().await;
     let behind = proxy().await;
-    let older = OlderProxy::start(behind.admin_addr(), "CORS")
+    let older = OlderProxy::start(behind.admin_addr())
         .await
         .expect("the older pod starts");
     let mut cors = Filter::new(FilterType::Cors);
@@ -825,7 +825,7 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
         "{second:?}"
     );
 
-    let replacing = OlderProxy::start(behind.admin_addr(), "CORS")
+    let replacing = OlderProxy::start(behind.admin_addr())
         .await
         .expect("the replacing pod starts");
     let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

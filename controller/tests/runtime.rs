@@ -5805,7 +5805,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
         .await;
         stop_controller(stop, controller).await;
 
-        let replaced = OlderProxy::start(pool.admin_addr(), "CORS")
+        let replaced = OlderProxy::start(pool.admin_addr())
             .await
             .expect("the replacing pod starts");
         let mut slice = config_slice(
@@ -6015,7 +6015,7 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
             }
             false
         });
-        let replacing = OlderProxy::start(pool.admin_addr(), "CORS")
+        let replacing = OlderProxy::start(pool.admin_addr())
             .await
             .expect("the replacing pod starts");
         let open = Arc::new(AtomicBool::new(false));
@@ -6185,7 +6185,7 @@ async fn pool_api(pool: SocketAddr, backend: SocketAddr, more: &str) -> ApiServe
 async fn older_pool() -> (EchoServer, Server, OlderProxy) {
     let echo = support::echo("tenant-s", "web-s").await;
     let pool = proxy_pod("pool-secret").await;
-    let older = OlderProxy::start(pool.admin_addr(), "CORS")
+    let older = OlderProxy::start(pool.admin_addr())
         .await
         .expect("the older pod starts");
     (echo, pool, older)
