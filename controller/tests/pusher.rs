@@ -853,6 +853,43 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     assert_eq!(by(&fourth, replacing.addr()), 10, "{fourth:?}");
 }
 
+/// A round with no pod listed (the pod that refused gone before its successor is listed)
+/// keeps the refusals as they were, and says the plane is not scaled to zero; once no pod has
+/// been listed for longer than the pusher keeps runs of failures through such a gap, the
+/// refusals go.
+#[tokio::test]
+async fn refusals_stand_through_a_round_with_no_pod_listed_until_scaled_to_zero() {
+    use cftunnel_config::{Cors, Filter, FilterType};
+    use cftunnel_testkit::older_proxy::OlderProxy;
+
+    let backend = echo().await;
+    let behind = proxy().await;
+    let older = OlderProxy::start(behind.admin_addr())
+        .await
+        .expect("the older pod starts");
+    let mut cors = Filter::new(FilterType::Cors);
+    cors.cors = Some(Cors {
+        allow_origins: vec!["https://app.example.com".to_owned()],
+        ..Cors::default()
+    });
+    let mut doc = config(backend.http_addr(), "cors.example.com");
+    doc.rules[0].name = Some("shop/cors/0".to_owned());
+    doc.rules[0].filters = vec![cors];
+
+    for (keep, kept) in [(Duration::from_secs(600), true), (Duration::ZERO, false)] {
+        let mut pusher = Pusher::default().keeping_runs_without_pods(keep);
+        let round = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
+        assert_eq!(round.refused.len(), 1, "{round:?}");
+        let podless = pusher.sync(&plane(), &doc, TOKEN, &[]).await;
+        assert_eq!(podless.scaled_to_zero, !kept, "{podless:?}");
+        if kept {
+            assert_eq!(podless.refused, round.refused, "kept through the gap");
+        } else {
+            assert!(podless.refused.is_empty(), "{podless:?}");
+        }
+    }
+}
+
 /// A document grown larger than the pods take (413) loses, in the same round, the rules they
 /// do not serve yet (the largest first) until it fits: a rule they serve stays, however
 /// large, so one tenant's growth costs that tenant's new rules, not another tenant's routes

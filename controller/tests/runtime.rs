@@ -6064,6 +6064,119 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
     .expect("in time");
 }
 
+/// The pool's only pod gone for a few rounds before its successor (of the same release) is
+/// listed: the refusal stands through the rounds with no pod listed, and the successor
+/// refusing the rule again is not told again.
+#[tokio::test]
+async fn a_refusal_stands_through_rounds_with_no_pod_listed() {
+    refusal_through_rounds_with_no_pod_listed(false).await;
+}
+
+/// As [`a_refusal_stands_through_rounds_with_no_pod_listed`], the lead changing hands as the
+/// pod goes: the new leader keeps what the route's status says through its rounds with no pod
+/// listed, and tells nothing again once the successor refuses the rule.
+#[tokio::test]
+async fn a_new_leader_keeps_a_refusal_through_rounds_with_no_pod_listed() {
+    refusal_through_rounds_with_no_pod_listed(true).await;
+}
+
+/// A refusal told, then the pool's slice listing no pod for a few rounds (with the lead
+/// changing hands meanwhile if `new_leader`), then a successor pod of the same release.
+async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
+    use std::sync::atomic::AtomicBool;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (echo, pool, older) = older_pool().await;
+        let api = pool_api(
+            older.addr(),
+            echo.http_addr(),
+            &format!("---\n{CORS_ROUTE}"),
+        )
+        .await;
+        let (stop, controller, health) = pool_controller(&api);
+        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&api) == 1).then_some(())
+        })
+        .await;
+
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&dropped);
+        let _watching = api.forbid(move |c| {
+            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
+            if cors && !c.body.to_string().contains("RuleRefused") {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let mut slice = config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            older.addr().port(),
+            true,
+        );
+        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        slice["endpoints"] = json!([]);
+        let (stop, controller, health) = if new_leader {
+            stop_controller(stop, controller).await;
+            api.put(slice);
+            pool_controller(&api)
+        } else {
+            api.put(slice);
+            (stop, controller, health)
+        };
+        let rounds = || {
+            let metrics = health.metrics_text().unwrap_or_default();
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let from = rounds();
+        eventually("rounds with no pod listed", || {
+            (rounds() >= from + 5).then_some(())
+        })
+        .await;
+        assert_eq!(
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .map(|c| c["message"].clone()),
+            Some(refused["message"].clone()),
+            "the refusal as it was found"
+        );
+        let successor = OlderProxy::start(pool.admin_addr())
+            .await
+            .expect("the successor starts");
+        let mut slice = config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            successor.addr().port(),
+            true,
+        );
+        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        api.put(slice);
+        eventually("the refusal of the successor", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&successor.addr().to_string()))
+            })
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the route's status was written without the refusal"
+        );
+        assert_eq!(rule_refusals_told(&api), 1, "told once");
+        stop_controller(stop, controller).await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The shared pool's document past the regex budget a proxy holds, after the oldest route is
 /// edited to a costly regex: that rule is left out before the pod sees it, its route says so,
 /// and every other tenant's rule stays served. A pod counting in document order would have

@@ -9,17 +9,18 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// Why a rule was left out of a document past the budget: its costliest pattern, at `site`;
-/// `own` is what its patterns take, `total` what the document's took with every rule kept.
-fn cut(site: Site, own: usize, total: usize) -> Invalid {
+/// `own` is what its patterns take. What the document's take in all is left out: it moves
+/// with every other rule of the document (another tenant's), and the reason is told again
+/// whenever it changes.
+fn cut(site: Site, own: usize) -> Invalid {
     Invalid::new(
         site.to_string(),
         format!(
-            "the document's regexes take {} compiled together, over the {} they may take, and \
+            "the document's regexes take more than the {} they may take compiled together, and \
              rules naming a regex the proxies do not hold yet go first, then those whose going \
              frees most (this rule's take {}; a repetition of a large class, such as \
              `\\w{{1,64}}`, multiplies a regex's size, and an ASCII class such as \
              `[a-zA-Z0-9_]{{1,64}}` takes far less)",
-            size(total),
             size(PATTERN_BUDGET),
             size(own)
         ),
@@ -230,7 +231,7 @@ impl Costs {
                 .max_by_key(|&&(id, _)| self.costs[id])
                 .map(|&(_, site)| site);
             if let Some(site) = costliest {
-                out.push((r.at, cut(site, r.own, total)));
+                out.push((r.at, cut(site, r.own)));
             }
         }
         out.sort_by_key(|&(at, _)| at);

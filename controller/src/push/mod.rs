@@ -87,6 +87,11 @@ pub struct PlaneOutcome {
     /// the next round finds more. Refusals it set out to check again and did not reach are in
     /// `refused` as they were.
     pub refusals_cut_off: bool,
+    /// No pod has been listed for longer than a run of failures is kept through such a gap
+    /// ([`Pusher::keeping_runs_without_pods`]): the plane is scaled to zero, and what its pods
+    /// refused is forgotten. A shorter gap (a pod gone before its successor is listed) keeps
+    /// the refusals in `refused` as they were.
+    pub scaled_to_zero: bool,
     /// Rounds in a row, this one included, in which some pod failed; rounds with no pod
     /// listed between them neither count nor break the run, for a while
     /// ([`Pusher::keeping_runs_without_pods`]).
@@ -298,6 +303,7 @@ impl Pusher {
                 pods: Vec::new(),
                 refused: Vec::new(),
                 refusals_cut_off: false,
+                scaled_to_zero: false,
                 failed_rounds: 0,
                 sustained_failure: false,
                 failing_for: Duration::ZERO,

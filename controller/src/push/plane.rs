@@ -160,6 +160,15 @@ pub(super) async fn sync_plane(
                 .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
         }
     }
+    if !over_budget.is_empty() {
+        // The total is left out of each rule's reason, which would move with other rules.
+        tracing::debug!(
+            plane = %round.plane,
+            regexes_take = round.costs.total(&kept),
+            rules = over_budget.len(),
+            "past the regex budget: rules left out"
+        );
+    }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
     let (version, pods, previous_needed, token_refused, down, cut_off, answered) = loop {
@@ -272,11 +281,18 @@ pub(super) async fn sync_plane(
         );
         kept.retain(|i| !left_out.contains(i));
     };
-    // Cut off, the round decided only the refusals it found; with pods listed and none of them
-    // answering its last push (a pod replaced by one not up yet), it decided none: those it
-    // set out to check again and did not reach stand as they were (the next round checks
-    // them), rather than go for a round and come back.
-    if cut_off || (!answered && !round.pods.is_empty()) {
+    let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
+    let idle: Vec<SocketAddr> = down
+        .into_iter()
+        .filter(|pod| round.not_serving.contains(pod))
+        .collect();
+    let mut outcome = finish(&mut state, sustained, version, pods, &idle);
+    // Cut off, the round decided only the refusals it found; with none of the pods listed
+    // answering its last push (a pod replaced by one not up yet), or none listed for a while
+    // (a pod gone before its successor is listed), it decided none: those it set out to check
+    // again and did not reach stand as they were (the next round checks them), rather than go
+    // for a round and come back. Scaled to zero, the plane refuses nothing.
+    if cut_off || (!answered && !outcome.scaled_to_zero) {
         rechecked.retain(|r| !state.refusals.iter().any(|found| found.rule == r.rule));
         state.refusals.append(&mut rechecked);
     }
@@ -299,12 +315,6 @@ pub(super) async fn sync_plane(
             reason: why.to_string(),
         }))
         .collect();
-    let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
-    let idle: Vec<SocketAddr> = down
-        .into_iter()
-        .filter(|pod| round.not_serving.contains(pod))
-        .collect();
-    let mut outcome = finish(&mut state, sustained, version, pods, &idle);
     // A plane with no pods took nothing: what it holds stays unknown.
     if outcome.all_current() && !outcome.pods.is_empty() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
@@ -504,11 +514,13 @@ fn finish(
             }
         }
     }
+    let mut scaled_to_zero = false;
     if pods.is_empty() {
         let since = *state
             .podless_since
             .get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() >= sustained.podless {
+        scaled_to_zero = since.elapsed() >= sustained.podless;
+        if scaled_to_zero {
             state.failed_rounds = 0;
             state.failing_since = None;
         }
@@ -537,6 +549,7 @@ fn finish(
         pods,
         refused: Vec::new(),
         refusals_cut_off: false,
+        scaled_to_zero,
         duration: std::time::Duration::ZERO,
         repeated: false,
         stale: false,

@@ -1491,15 +1491,19 @@ impl Reconciler {
         }
         for (plane, outcome) in &outcomes {
             // What the pods refuse is known once every pod listed answers (but those down and
-            // not serving, which hold no config, while one is up), or none is listed, or one
-            // refuses a rule and the round left out every rule refused (one cut off leaves some
-            // to later rounds).
-            let answered = outcome.pods.is_empty()
-                || (outcome.refused.iter().any(|r| r.pod.is_some()) && !outcome.refusals_cut_off)
-                || (!outcome.all_down()
-                    && outcome.pods.iter().all(|(pod, o)| {
-                        !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
-                    }));
+            // not serving, which hold no config, while one is up), or one refuses a rule and
+            // the round left out every rule refused (one cut off leaves some to later rounds),
+            // or the plane is scaled to zero. A round with no pod listed for a shorter while
+            // (a pod gone before its successor is listed) says nothing of it.
+            let answered = if outcome.pods.is_empty() {
+                outcome.scaled_to_zero
+            } else {
+                (outcome.refused.iter().any(|r| r.pod.is_some()) && !outcome.refusals_cut_off)
+                    || (!outcome.all_down()
+                        && outcome.pods.iter().all(|(pod, o)| {
+                            !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
+                        }))
+            };
             if answered {
                 self.pushed_planes.insert(plane.clone());
             }
@@ -1648,6 +1652,8 @@ impl Reconciler {
         }
         self.pushed_planes
             .retain(|plane| output.configs.contains_key(plane));
+        self.refusals_told
+            .retain_planes(|plane| output.configs.contains_key(plane));
 
         self.write_statuses(
             snapshot,

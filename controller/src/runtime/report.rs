@@ -1006,13 +1006,16 @@ impl Reconciler {
                         message: told.to_owned(),
                         observed_generation: meta.generation,
                     });
-                } else if let Some(refused) = self.refused_rules.get(&route_key) {
-                    let said: Vec<&str> = refused.iter().map(|(_, said)| said.as_str()).collect();
+                } else if let Some(message) = self
+                    .refused_rules
+                    .get(&route_key)
+                    .and_then(|refused| refusals_of(refused, plane))
+                {
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
                         reason: "RuleRefused".to_owned(),
-                        message: said.join(REFUSALS_JOINED),
+                        message,
                         observed_generation: meta.generation,
                     });
                 }
@@ -1100,12 +1103,7 @@ impl Reconciler {
                 meta.generation,
             );
             for (plane, keys) in untold {
-                let said: Vec<&str> = refused
-                    .iter()
-                    .filter(|(p, _)| *p == plane)
-                    .map(|(_, said)| said.as_str())
-                    .collect();
-                let note = said.join(REFUSALS_JOINED);
+                let note = refusals_of(refused, &plane).unwrap_or_default();
                 let told = Told::RuleRefused {
                     route: told_key.clone(),
                     plane: plane.clone(),
@@ -2028,15 +2026,33 @@ pub(super) fn refused_rules(
         .collect()
 }
 
+/// What a route is told of the rules `plane`'s pods refuse (`refused`, the route's, as
+/// [`refused_rules`] words them): the condition of each parent that plane serves, and the
+/// Event of that plane's refusals. `None` when the plane refuses none of them: a parent is
+/// told only of its own plane, so what another plane's pods refuse never shows on it.
+fn refusals_of(refused: &[(PlaneKey, String)], plane: &PlaneKey) -> Option<String> {
+    let said: Vec<&str> = refused
+        .iter()
+        .filter(|(p, _)| p == plane)
+        .map(|(_, said)| said.as_str())
+        .collect();
+    (!said.is_empty()).then(|| said.join(REFUSALS_JOINED))
+}
+
 /// The refusals a condition's message says, as [`refused_rules`] words and joins them: split
-/// only where one of its refusals opens, as a pod's reason may hold the separator itself.
-fn refusals_said(message: &str) -> Vec<&str> {
+/// only where one of its refusals opens, as a pod's reason may hold the separator itself. A
+/// rule left out for want of room opens with its plane's name, one of `planes` (a dedicated
+/// plane's has a space in it).
+fn refusals_said<'m>(message: &'m str, planes: &[&PlaneKey]) -> Vec<&'m str> {
+    let no_room: Vec<String> = planes
+        .iter()
+        .map(|plane| format!("the {plane} {NO_ROOM}"))
+        .collect();
     let opens = |rest: &str| {
         rest.starts_with(BY_POD)
-            || rest
-                .strip_prefix("the ")
-                .and_then(|rest| rest.split_once(' '))
-                .is_some_and(|(_, rest)| rest.starts_with(NO_ROOM))
+            || no_room
+                .iter()
+                .any(|opener| rest.starts_with(opener.as_str()))
     };
     let mut said = Vec::new();
     let mut from = 0;
@@ -2149,7 +2165,7 @@ impl ToldBefore {
         serving: Option<&PlaneKey>,
     ) -> Self {
         let mut keys: BTreeMap<PlaneKey, RefusalKeys> = BTreeMap::new();
-        for said in refusals_said(&message) {
+        for said in refusals_said(&message, planes) {
             for plane in refusal_planes(said, planes, serving) {
                 keys.entry(plane).or_default().insert(refusal_key(said));
             }
@@ -2198,7 +2214,9 @@ impl RefusalsTold {
     /// A plane whose pods answered this process's pushes (`answered`) refusing none of the
     /// route's rules takes back what it was told: a refusal it makes later is told again. A
     /// plane whose round was cut off (`cut_off`: it stopped leaving rules out while pods still
-    /// refused) knows what its pods refuse only in part: it is neither told nor taken back.
+    /// refused), or whose pods have not answered yet (what it refuses then is only what is
+    /// found without them: rules left out for want of room), knows what its pods refuse only
+    /// in part: it is neither told nor taken back.
     pub(super) fn untold(
         &mut self,
         route: &str,
@@ -2211,7 +2229,7 @@ impl RefusalsTold {
         for (plane, said) in refused {
             refusing.entry(plane).or_default().insert(refusal_key(said));
         }
-        refusing.retain(|plane, _| !cut_off.contains(*plane));
+        refusing.retain(|plane, _| answered.contains(*plane) && !cut_off.contains(*plane));
         let Some(told) = self.routes.get_mut(route) else {
             return refusing
                 .into_iter()
@@ -2265,6 +2283,19 @@ impl RefusalsTold {
     /// Forgets the routes not among `routes`.
     pub(super) fn retain(&mut self, routes: &BTreeSet<String>) {
         self.routes.retain(|route, _| routes.contains(route));
+    }
+
+    /// Forgets what was told of the planes `keep` rejects (a Gateway deleted, its routes
+    /// staying): a plane of the same name later is told what its pods refuse.
+    pub(super) fn retain_planes(&mut self, keep: impl Fn(&PlaneKey) -> bool) {
+        self.routes.retain(|_, told| {
+            told.told.retain(|plane, _| keep(plane));
+            for before in &mut told.before {
+                before.planes.retain(|plane| keep(plane));
+            }
+            told.before.retain(|before| !before.planes.is_empty());
+            !told.told.is_empty() || !told.before.is_empty()
+        });
     }
 }
 

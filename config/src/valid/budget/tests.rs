@@ -233,6 +233,27 @@ fn a_cut_leaves_out_the_rules_not_served_yet_and_the_proxy_takes_the_rest() {
     document(&rest, &mut Cache::default()).expect("a proxy takes what is left");
 }
 
+/// A rule left out is told why in words that are its own: what another rule of the document
+/// (another tenant's) adds or takes away does not change them.
+#[test]
+fn a_cut_rules_reason_does_not_move_with_the_other_rules() {
+    let n = fitting();
+    let served: Vec<_> = (0..n).map(|i| path_rule(&costly(i))).collect();
+    let reason = |new: &[usize]| {
+        let mut rules: Vec<_> = new.iter().map(|&i| path_rule(&costly(i))).collect();
+        rules.extend(served.iter().cloned());
+        let config = doc(rules);
+        let all: Vec<usize> = (0..config.rules.len()).collect();
+        let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+        let cut = costs.cut(&all, |i| i >= new.len());
+        let at: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+        assert_eq!(at, (0..new.len()).collect::<Vec<_>>(), "the new rules go");
+        cut[0].1.message.clone()
+    };
+    // Another new rule beside it makes the document's regexes take more.
+    assert_eq!(reason(&[n]), reason(&[n, n + 1]));
+}
+
 #[test]
 fn among_served_rules_the_costliest_go_first() {
     let n = fitting();

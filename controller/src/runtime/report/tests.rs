@@ -567,8 +567,9 @@ fn a_told_message_is_split_where_its_refusals_open() {
     );
     let first = refusal("10.0.0.5:8081", &shared, 0);
     let message = [first.as_str(), &too_large, &no_room].join(REFUSALS_JOINED);
+    let planes = [&shared, &edge()];
     assert_eq!(
-        refusals_said(&message),
+        refusals_said(&message, &planes),
         [first.as_str(), &too_large, &no_room]
     );
     let now = [
@@ -579,4 +580,75 @@ fn a_told_message_is_split_where_its_refusals_open() {
     let mut told = RefusalsTold::default();
     told_before(&mut told, 4, &[message]);
     assert_eq!(tell(&mut told, &now, &[&shared], &[]), []);
+}
+
+/// A dedicated plane's name has a space in it (`gateway tenant/edge`): a rule left out for
+/// want of room there still opens a refusal of its own, and an earlier leader's word on it is
+/// taken as it stands.
+#[test]
+fn a_told_message_is_split_where_a_dedicated_planes_refusal_opens() {
+    let edge = edge();
+    let first = refusal("10.0.1.5:8081", &edge, 0);
+    let no_room = format!(
+        "the {edge} {NO_ROOM} rule tenant/cors/2, which is left out (the route's other rules \
+         are served): rules[2].matches[0].path: the document's regexes take too much"
+    );
+    let message = [first.as_str(), &no_room].join(REFUSALS_JOINED);
+    assert_eq!(
+        refusals_said(&message, &[&PlaneKey::Shared, &edge]),
+        [first.as_str(), &no_room]
+    );
+    let now = [(edge.clone(), first), (edge.clone(), no_room)];
+    let mut told = RefusalsTold::default();
+    told_before(&mut told, 4, &[message]);
+    assert_eq!(tell(&mut told, &now, &[&edge], &[]), []);
+}
+
+/// Before a plane's pods answer a new leader's pushes, what it finds without them (a rule left
+/// out for want of room) is only part of what they refuse: nothing is told, and the earlier
+/// leader's word on the plane stands until they answer.
+#[test]
+fn a_plane_not_answered_yet_tells_nothing_and_leaves_an_earlier_leaders_word() {
+    let shared = PlaneKey::Shared;
+    let by_pod = refusal("10.0.0.5:8081", &shared, 0);
+    let no_room = format!(
+        "the {shared} {NO_ROOM} rule tenant/cors/2, which is left out (the route's other rules \
+         are served): rules[2].matches[0].path: the document's regexes take too much"
+    );
+    let mut told = RefusalsTold::default();
+    told_before(&mut told, 4, &[by_pod.clone(), no_room.clone()]);
+    let found = [(shared.clone(), no_room.clone())];
+    assert_eq!(tell(&mut told, &found, &[], &[]), []);
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
+    let answered = [(shared.clone(), by_pod), (shared.clone(), no_room)];
+    assert_eq!(tell(&mut told, &answered, &[&shared], &[]), []);
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_none());
+}
+
+/// A route with parents on two planes, only one of whose pods refuse a rule of it: the parent
+/// the other plane serves is told nothing, and the refusing plane's parent (and Event) is told
+/// only that plane's refusals.
+#[test]
+fn a_parent_is_told_only_what_the_plane_serving_it_refuses() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let on_edge = refusal_of(1, "10.0.1.5:8081", &edge, 1);
+    let refused = [(edge.clone(), on_edge.clone())];
+    assert_eq!(refusals_of(&refused, &shared), None);
+    assert_eq!(refusals_of(&refused, &edge), Some(on_edge.clone()));
+    let on_shared = refusal("10.0.0.5:8081", &shared, 0);
+    let refused = [(shared.clone(), on_shared.clone()), (edge.clone(), on_edge)];
+    assert_eq!(refusals_of(&refused, &shared), Some(on_shared));
+}
+
+/// What was told of a plane goes with it (its Gateway deleted, the route staying): a plane of
+/// the same name later refusing the same rule is told it.
+#[test]
+fn what_a_plane_was_told_goes_with_the_plane() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let refused = [(edge.clone(), refusal("10.0.1.5:8081", &edge, 0))];
+    let mut told = RefusalsTold::default();
+    assert_eq!(tell(&mut told, &refused, &[&edge], &[]), vec![edge.clone()]);
+    told.retain_planes(|plane| *plane == shared);
+    assert!(told.routes.is_empty(), "nothing kept of the route");
+    assert_eq!(tell(&mut told, &refused, &[&edge], &[]), [edge]);
 }
