@@ -25,7 +25,7 @@ use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::cloudflare_api::CloudflareApi;
 use cftunnel_testkit::echo::EchoServer;
-use cftunnel_testkit::kube_api::{ApiServer, GatewayApiCrds};
+use cftunnel_testkit::kube_api::{ApiServer, Forbid, GatewayApiCrds};
 use cftunnel_testkit::older_proxy::OlderProxy;
 use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
@@ -5535,8 +5535,7 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
             assert!(Instant::now() < by, "the added route is served");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -5554,23 +5553,10 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
         let slow = support::slow_port(older.addr(), Duration::from_millis(1200)).await;
         let (api, stop, controller) =
             on_the_pool(slow, echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
-        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        eventually("a ProxyRuleRefused Event", || (rule_refusals_told(&api) == 1).then_some(())).await;
-        let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        let refused = cors_refused_and_told(&api).await;
+        stop_controller(stop, controller).await;
 
-        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = api.forbid(move |c| {
-            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
-            if cors && !c.body.to_string().contains("RuleRefused") {
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&api, "cors", "RuleRefused");
         let (stop, controller, health) = pool_controller(&api);
         // The new controller's rounds: a route added is accepted.
         api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
@@ -5599,8 +5585,7 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
             !dropped.load(std::sync::atomic::Ordering::SeqCst),
             "the route's status was written without the refusal"
         );
-        let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -5656,14 +5641,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         let gate = support::gated_port(older.addr(), Arc::clone(&open)).await;
         let (api, stop, controller) =
             on_the_pool(gate, echo.http_addr(), &format!("---\n{CORS_ROUTE}")).await;
-        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        eventually("a ProxyRuleRefused Event", || {
-            (rule_refusals_told(&api) == 1).then_some(())
-        })
-        .await;
+        let refused = cors_refused_and_told(&api).await;
         stop_controller(stop, controller).await;
 
         let dropped = Arc::new(AtomicBool::new(false));
@@ -5690,18 +5668,8 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                 options.sustained_for = Duration::ZERO;
             }
         });
-        let failures = |health: &runtime::health::Health| {
-            let metrics = health.metrics_text().unwrap_or_default();
-            metrics
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"shared\"} ")
-                })
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
         eventually("the new controller's failed pushes", || {
-            (failures(&health) >= 3).then_some(())
+            (push_failures(&health, "shared") >= 3).then_some(())
         })
         .await;
         if meanwhile == Meanwhile::AllDown {
@@ -5761,7 +5729,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                     )
                 })
                 .and_then(|n| n.trim().parse::<u64>().ok())
-                .filter(|n| *n > failures(&health))
+                .filter(|n| *n > push_failures(&health, "shared"))
         })
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -5997,24 +5965,9 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
         )
         .await;
         let (stop, controller, health) = pool_controller(&api);
-        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        eventually("a ProxyRuleRefused Event", || {
-            (rule_refusals_told(&api) == 1).then_some(())
-        })
-        .await;
+        let refused = cors_refused_and_told(&api).await;
 
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = api.forbid(move |c| {
-            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
-            if cors && !c.body.to_string().contains("RuleRefused") {
-                flag.store(true, Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&api, "cors", "RuleRefused");
         let replacing = OlderProxy::start(pool.admin_addr())
             .await
             .expect("the replacing pod starts");
@@ -6023,18 +5976,8 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
         let mut slice = config_slice("cftunnel-system", "cftunnel-proxy", gate.port(), true);
         slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
         api.put(slice);
-        let failures = || {
-            let metrics = health.metrics_text().unwrap_or_default();
-            metrics
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"shared\"} ")
-                })
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
         eventually("pushes to the replacing pod failing", || {
-            (failures() >= 3).then_some(())
+            (push_failures(&health, "shared") >= 3).then_some(())
         })
         .await;
         assert_eq!(
@@ -6083,7 +6026,6 @@ async fn a_new_leader_keeps_a_refusal_through_rounds_with_no_pod_listed() {
 /// A refusal told, then the pool's slice listing no pod for a few rounds (with the lead
 /// changing hands meanwhile if `new_leader`), then a successor pod of the same release.
 async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
-    use std::sync::atomic::AtomicBool;
     tokio::time::timeout(Duration::from_secs(60), async {
         let (echo, pool, older) = older_pool().await;
         let api = pool_api(
@@ -6093,24 +6035,9 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
         )
         .await;
         let (stop, controller, health) = pool_controller(&api);
-        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        eventually("a ProxyRuleRefused Event", || {
-            (rule_refusals_told(&api) == 1).then_some(())
-        })
-        .await;
+        let refused = cors_refused_and_told(&api).await;
 
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = api.forbid(move |c| {
-            let cors = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("cors");
-            if cors && !c.body.to_string().contains("RuleRefused") {
-                flag.store(true, Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&api, "cors", "RuleRefused");
         let mut slice = config_slice(
             "cftunnel-system",
             "cftunnel-proxy",
@@ -6257,8 +6184,7 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
                 "r{i} is served"
             );
         }
-        let _ = stop.send(());
-        controller.await.expect("task").expect("the controller stops cleanly");
+        stop_controller(stop, controller).await;
     })
     .await
     .expect("in time");
@@ -6291,6 +6217,50 @@ async fn pool_api(pool: SocketAddr, backend: SocketAddr, more: &str) -> ApiServe
         ))
         .start()
         .await
+}
+
+/// Waits for the CORS route to be told, once, that a rule of it was refused (its condition,
+/// and one `ProxyRuleRefused`), and returns the condition.
+async fn cors_refused_and_told(api: &ApiServer) -> Value {
+    let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+        route_condition(api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+    })
+    .await;
+    eventually("a ProxyRuleRefused Event", || {
+        (rule_refusals_told(api) == 1).then_some(())
+    })
+    .await;
+    refused
+}
+
+/// Failed pushes to `plane`'s pods so far (`shared`, `tenant-a/edge`), on the controller's
+/// `/metrics`.
+fn push_failures(health: &runtime::health::Health, plane: &str) -> u64 {
+    let text = health.metrics_text().unwrap_or_default();
+    let prefix = format!("cftunnel_controller_push_failures_total{{plane=\"{plane}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Watches, for as long as the returned guard lives, for a write of route `route`'s status
+/// without `word` in it: the flag is set once one is made (the write itself goes ahead).
+fn written_without(
+    api: &ApiServer,
+    route: &'static str,
+    word: &'static str,
+) -> (Arc<std::sync::atomic::AtomicBool>, Forbid) {
+    let written = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&written);
+    let watching = api.forbid(move |c| {
+        let ours = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some(route);
+        if ours && !c.body.to_string().contains(word) {
+            flag.store(true, Ordering::SeqCst);
+        }
+        false
+    });
+    (written, watching)
 }
 
 /// The pool's pod, the current release, behind an older release (one that refuses CORS

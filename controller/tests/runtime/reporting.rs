@@ -28,9 +28,9 @@ use serde_json::{json, Value};
 
 use super::{
     closed_port, config_slice, host_serves, internal_failing_beside_edge, older_pool, on_the_pool,
-    pool_controller, proxy_pod, route_condition, route_parent, rule_refusals_told,
-    seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of, Tenant, CORS_ROUTE,
-    PROXY_CONFIG_PUSHED, TUNNEL_ID,
+    pool_controller, proxy_pod, push_failures, route_condition, route_parent, rule_refusals_told,
+    seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of, written_without,
+    Tenant, CORS_ROUTE, PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
 
@@ -621,15 +621,7 @@ async fn a_new_leader_keeps_a_failure_of_another_plane_on_the_tunnel_told_before
         .await;
         let told = route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
 
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = t.api.forbid(move |c| {
-            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
-            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
-                flag.store(true, Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&t.api, "shop", PROXY_CONFIG_PUSHED);
         let before = internal_failures(&t);
         t.restart(|_| {}).await;
         // Past the new controller's sustained rounds (three).
@@ -670,13 +662,7 @@ fn rounds(t: &Tenant) -> u64 {
 
 /// Failed pushes to tenant-a/internal's pods so far, on `/metrics`.
 fn internal_failures(t: &Tenant) -> u64 {
-    let text = t.health.metrics_text().unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/internal\"} ")
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    push_failures(&t.health, "tenant-a/internal")
 }
 
 /// A controller that takes over (a restart here, as for another replica taking the lead) from
@@ -1564,13 +1550,7 @@ fn push_failure_reported(call: &Call<'_>) -> bool {
 
 /// Failed pushes to tenant-a/edge's pods so far, on `/metrics`.
 fn failed_pushes(t: &Tenant) -> u64 {
-    let text = t.health.metrics_text().unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/edge\"} ")
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    push_failures(&t.health, "tenant-a/edge")
 }
 
 /// `cftunnel_controller_push_failing_planes` on `/metrics`.
@@ -1789,15 +1769,7 @@ async fn a_new_leader_goes_on_from_the_push_failure_an_earlier_one_told() {
         .await;
 
         // From here on, no status of shop's written without the report.
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = t.api.forbid(move |c| {
-            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
-            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
-                flag.store(true, Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&t.api, "shop", PROXY_CONFIG_PUSHED);
 
         // Same pod, same failure: the new controller's rounds tell nothing new, its own run
         // of failures reported (past the sustained rounds, three) included.
@@ -2038,15 +2010,7 @@ async fn a_new_leader_keeps_a_tunnel_peers_failure_through_rounds_the_routes_pla
             },
         )
         .await;
-        let dropped = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dropped);
-        let _watching = t.api.forbid(move |c| {
-            let shop = c.method == "PATCH" && c.kind == "HTTPRoute" && c.name == Some("shop");
-            if shop && !c.body.to_string().contains(PROXY_CONFIG_PUSHED) {
-                flag.store(true, Ordering::SeqCst);
-            }
-            false
-        });
+        let (dropped, _watching) = written_without(&t.api, "shop", PROXY_CONFIG_PUSHED);
         let first = rounds(&t);
         // edge's pushes taken: its own verdict.
         eventually("the new controller's rounds", || {
