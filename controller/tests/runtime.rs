@@ -5575,7 +5575,7 @@ async fn a_new_leader_does_not_tell_again_a_refusal_the_routes_status_carries() 
                 .then_some(())
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         assert_eq!(
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(|c| c["message"].clone()),
             Some(refused["message"].clone())
@@ -5732,7 +5732,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
                 .filter(|n| *n > push_failures(&health, "shared"))
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         assert_eq!(
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
                 .map(|c| c["message"].clone()),
@@ -5785,7 +5785,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
         slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
         api.put(slice);
         api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: ahead, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /a-path-long-enough-to-move-the-rules-after-it}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
-        let (stop, controller, _) = pool_controller(&api);
+        let (stop, controller, health) = pool_controller(&api);
         eventually("the refusal of the replacing pod", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
                 c["message"]
@@ -5794,7 +5794,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
             })
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         assert_eq!(
             rule_refusals_told(&api),
             1,
@@ -5930,7 +5930,7 @@ async fn more_refusals_than_a_round_leaves_out(routes: usize, rules: usize) {
                 .filter(|n| *n >= rounds)
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         for i in 0..routes {
             assert_eq!(refused(i), Some(rules), "cors-{i}");
         }
@@ -5995,7 +5995,7 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
             })
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         assert!(
             !dropped.load(Ordering::SeqCst),
             "the route's status was written without the refusal"
@@ -6054,19 +6054,8 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
             api.put(slice);
             (stop, controller, health)
         };
-        let rounds = || {
-            let metrics = health.metrics_text().unwrap_or_default();
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let from = rounds();
-        eventually("rounds with no pod listed", || {
-            (rounds() >= from + 5).then_some(())
-        })
-        .await;
+        // Rounds with no pod listed.
+        rounds_later(&health, 5).await;
         assert_eq!(
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
                 .map(|c| c["message"].clone()),
@@ -6092,7 +6081,7 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
             })
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        rounds_later(&health, 5).await;
         assert!(
             !dropped.load(Ordering::SeqCst),
             "the route's status was written without the refusal"
@@ -6233,15 +6222,30 @@ async fn cors_refused_and_told(api: &ApiServer) -> Value {
     refused
 }
 
-/// Failed pushes to `plane`'s pods so far (`shared`, `tenant-a/edge`), on the controller's
-/// `/metrics`.
-fn push_failures(health: &runtime::health::Health, plane: &str) -> u64 {
+/// A counter's value on the controller's `/metrics`, 0 before it is first counted: `name` with
+/// its labels (`cftunnel_controller_rounds_total`).
+fn counted(health: &runtime::health::Health, name: &str) -> u64 {
     let text = health.metrics_text().unwrap_or_default();
-    let prefix = format!("cftunnel_controller_push_failures_total{{plane=\"{plane}\"}} ");
     text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Failed pushes to `plane`'s pods so far (`shared`, `tenant-a/edge`).
+fn push_failures(health: &runtime::health::Health, plane: &str) -> u64 {
+    let name = format!("cftunnel_controller_push_failures_total{{plane=\"{plane}\"}}");
+    counted(health, &name)
+}
+
+/// Waits for `n` more of the controller's rounds: a window in which nothing more may happen.
+async fn rounds_later(health: &runtime::health::Health, n: u64) {
+    let rounds = || counted(health, "cftunnel_controller_rounds_total");
+    let from = rounds();
+    eventually("the controller's rounds", || {
+        (rounds() >= from + n).then_some(())
+    })
+    .await;
 }
 
 /// Watches, for as long as the returned guard lives, for a write of route `route`'s status

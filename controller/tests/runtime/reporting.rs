@@ -27,10 +27,10 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, host_serves, internal_failing_beside_edge, older_pool, on_the_pool,
-    pool_controller, proxy_pod, push_failures, route_condition, route_parent, rule_refusals_told,
-    seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of, written_without,
-    Tenant, CORS_ROUTE, PROXY_CONFIG_PUSHED, TUNNEL_ID,
+    closed_port, config_slice, counted, host_serves, internal_failing_beside_edge, older_pool,
+    on_the_pool, pool_controller, proxy_pod, push_failures, route_condition, route_parent,
+    rule_refusals_told, seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of,
+    written_without, Tenant, CORS_ROUTE, PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
 
@@ -653,11 +653,7 @@ async fn a_new_leader_keeps_a_failure_of_another_plane_on_the_tunnel_told_before
 
 /// Rounds so far, on `/metrics` (the same across a restart: the new controller counts on).
 fn rounds(t: &Tenant) -> u64 {
-    let text = t.health.metrics_text().unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    counted(&t.health, "cftunnel_controller_rounds_total")
 }
 
 /// Failed pushes to tenant-a/internal's pods so far, on `/metrics`.
