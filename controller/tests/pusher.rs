@@ -543,6 +543,39 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
     healthy.shutdown().await;
 }
 
+/// A push that outlived its round's wait and ended with every pod taking it is reported by a
+/// round with another document: stale, it says nothing of what the pods refuse of that one.
+#[tokio::test]
+async fn a_stale_outcome_does_not_know_what_the_pods_refuse() {
+    let backend = echo().await;
+    let pod = proxy().await;
+    let slow = support::slow_port(pod.admin_addr(), Duration::from_millis(400)).await;
+    let doc = config(backend.http_addr(), "app.example.com");
+    let changed = config(backend.http_addr(), "other.example.com");
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut pusher = Pusher::new(Duration::from_secs(5), 3)
+        .waiting_at_most(Duration::from_millis(100), wake.clone());
+    let round = |config| {
+        vec![PlaneRound {
+            plane: plane(),
+            config,
+            costs: Costs::NONE,
+            token: TOKEN,
+            pods: std::slice::from_ref(&slow),
+            not_serving: &[],
+        }]
+    };
+    assert!(pusher.sync_all(round(&doc)).await.is_empty());
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .expect("the end of the slow push wakes the caller");
+    let later = pusher.sync_all(round(&changed)).await;
+    let outcome = &later[0].1;
+    assert!(outcome.all_current() && outcome.stale, "{outcome:?}");
+    assert!(!outcome.refusals_known, "{outcome:?}");
+    pod.shutdown().await;
+}
+
 /// A push that outlived its round's wait and failed is reported even when the next push of
 /// its plane (to other pods) finishes first: the earlier outcome comes out in the next round,
 /// and the later one in the round after, so neither a failure nor a duration goes uncounted.
@@ -776,8 +809,9 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
     );
 }
 
-/// More rules refused than a round leaves out (seven): the round says it was cut off, and the
-/// next finds the rest. A round after the pod that refused is replaced keeps the refusals it
+/// More rules refused than a round leaves out (seven): the round does not know all the pods
+/// refuse, nor does a round after it that no pod answers (what was found stands, still only
+/// part), and the next round every pod answers finds the rest. A round after the pod that refused is replaced keeps the refusals it
 /// did not reach again, as they were, rather than drop them for a round: one whose pods do not
 /// answer yet (it reached none), and one cut off (the replacing pod, of the same release,
 /// refusing more than the round leaves out).
@@ -814,14 +848,24 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
 
     let first = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
     assert_eq!(
-        (first.refused.len(), first.refusals_cut_off),
-        (7, true),
+        (first.refused.len(), first.refusals_known),
+        (7, false),
         "{first:?}"
+    );
+    // The pod's config port goes away for a round: no pod answers, and the seven found stand,
+    // still only part of what the pods refuse.
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let away = support::gated_port(older.addr(), closed).await;
+    let unheard = pusher.sync(&plane(), &doc, TOKEN, &[away]).await;
+    assert_eq!(
+        (by(&unheard, older.addr()), unheard.refusals_known),
+        (7, false),
+        "{unheard:?}"
     );
     let second = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
     assert_eq!(
-        (second.refused.len(), second.refusals_cut_off),
-        (10, false),
+        (second.refused.len(), second.refusals_known),
+        (10, true),
         "{second:?}"
     );
 
@@ -833,14 +877,14 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     let unanswered = pusher.sync(&plane(), &doc, TOKEN, &[not_up]).await;
     assert!(!unanswered.all_current(), "{unanswered:?}");
     assert_eq!(
-        (by(&unanswered, older.addr()), unanswered.refusals_cut_off),
+        (by(&unanswered, older.addr()), unanswered.refusals_known),
         (10, false),
         "{unanswered:?}"
     );
     let third = pusher
         .sync(&plane(), &doc, TOKEN, &[replacing.addr()])
         .await;
-    assert!(third.refusals_cut_off, "{third:?}");
+    assert!(!third.refusals_known, "{third:?}");
     assert_eq!(
         (by(&third, replacing.addr()), by(&third, older.addr())),
         (7, 3),
@@ -849,7 +893,7 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     let fourth = pusher
         .sync(&plane(), &doc, TOKEN, &[replacing.addr()])
         .await;
-    assert!(!fourth.refusals_cut_off, "{fourth:?}");
+    assert!(fourth.refusals_known, "{fourth:?}");
     assert_eq!(by(&fourth, replacing.addr()), 10, "{fourth:?}");
 }
 

@@ -53,18 +53,18 @@ impl fmt::Display for Site {
     }
 }
 
-/// The refusal of the pattern at `site`, which takes `cost` where the patterns counted before
-/// it took `spent` already.
-pub(super) fn over(site: Site, cost: usize, spent: usize) -> Invalid {
+/// The refusal of the pattern at `site`, which takes `cost` past the budget. What the patterns
+/// counted before it take is left out of the reason, as it moves with the other rules: a
+/// refusal reported to a route's owner changes only with the rule.
+pub(super) fn over(site: Site, cost: usize) -> Invalid {
     Invalid::new(
         site.to_string(),
         format!(
-            "regex takes {} compiled, and the regexes counted before it {}: over the {} a \
-             document's regexes may take together (a repetition of a large class, such as \
-             `\\w{{1,64}}`, multiplies a regex's size; `\\w+`, or an ASCII class such as \
+            "regex takes {} compiled, and with it the document's regexes take more than the {} \
+             they may take together (a repetition of a large class, such as `\\w{{1,64}}`, \
+             multiplies a regex's size; `\\w+`, or an ASCII class such as \
              `[a-zA-Z0-9_]{{1,64}}`, takes far less)",
             size(cost),
-            size(spent),
             size(PATTERN_BUDGET)
         ),
     )

@@ -170,8 +170,7 @@ impl Cache {
             }
             added += pattern.cost();
             if self.spent + added > PATTERN_BUDGET {
-                let before = self.spent + added - pattern.cost();
-                return Err(budget::over(*site, pattern.cost(), before));
+                return Err(budget::over(*site, pattern.cost()));
             }
         }
         for (pattern, _) in named.iter() {

@@ -82,11 +82,14 @@ pub struct PlaneOutcome {
     /// Rules left out because a pod refused them (this round or, while its pods are the same,
     /// an earlier one).
     pub refused: Vec<RefusedRule>,
-    /// The round stopped leaving rules out (it pushes a bounded number of times) while a pod
-    /// still refused one: what the pods refuse is known only as far as `refused` goes, and
-    /// the next round finds more. Refusals it set out to check again and did not reach are in
-    /// `refused` as they were.
-    pub refusals_cut_off: bool,
+    /// `refused` is all the plane's pods refuse of this round's document: every pod listed
+    /// answered the last push (but those down and not serving, which hold no config, while
+    /// one is up) and the round was not cut off (it pushes a bounded number of times, and
+    /// stops leaving rules out while a pod still refuses one: what it found is only part, until
+    /// a round every pod answers finds the rest), or the plane is scaled to zero. Otherwise
+    /// `refused` is only part of it (what was found, and what earlier rounds found, as it
+    /// was); so is a stale outcome's.
+    pub refusals_known: bool,
     /// No pod has been listed for longer than a run of failures is kept through such a gap
     /// ([`Pusher::keeping_runs_without_pods`]): the plane is scaled to zero, and what its pods
     /// refused is forgotten. A shorter gap (a pod gone before its successor is listed) keeps
@@ -302,7 +305,7 @@ impl Pusher {
                 version: 0,
                 pods: Vec::new(),
                 refused: Vec::new(),
-                refusals_cut_off: false,
+                refusals_known: false,
                 scaled_to_zero: false,
                 failed_rounds: 0,
                 sustained_failure: false,
@@ -433,6 +436,7 @@ impl Pusher {
                     !earlier && started.contains(&round.plane) && plane.running.is_none();
                 if !this_rounds && *last.config != *round.config {
                     outcome.stale = true;
+                    outcome.refusals_known = false;
                     outcome.refused = placed_in(&outcome.refused, &last.config, round.config);
                 }
                 plane.earlier = None;

@@ -321,7 +321,16 @@ pub(super) async fn sync_plane(
         state.held = Some(held_regexes(kept.iter().map(|&i| &rules[i])));
     }
     outcome.refused = refused;
-    outcome.refusals_cut_off = cut_off;
+    // Every pod listed answered (the idle aside, while one is up): a round not cut off found
+    // all they refuse. One cut off found part; one that not every pod answers carries what
+    // earlier rounds found, which may be such a part.
+    let answered_all = !outcome.pods.is_empty()
+        && !super::all_idle(&outcome.pods, &idle)
+        && outcome
+            .pods
+            .iter()
+            .all(|(pod, o)| !matches!(o, PodOutcome::Failed(_)) || idle.contains(pod));
+    outcome.refusals_known = !cut_off && (answered_all || outcome.scaled_to_zero);
     outcome.token_refused = token_refused;
     outcome.idle = idle;
     // Every pod took the current token: the rollout is over, and the one before is
@@ -548,7 +557,7 @@ fn finish(
             .unwrap_or_default(),
         pods,
         refused: Vec::new(),
-        refusals_cut_off: false,
+        refusals_known: false,
         scaled_to_zero,
         duration: std::time::Duration::ZERO,
         repeated: false,

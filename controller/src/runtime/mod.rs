@@ -596,10 +596,10 @@ struct Reconciler {
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed), with the plane ([`report::refused_rules`]).
     refused_rules: BTreeMap<translate::RouteKey, Vec<(PlaneKey, String)>>,
-    /// Planes whose round stopped leaving rules out while their pods still refused some
-    /// ([`push::PlaneOutcome::refusals_cut_off`]): what they refuse is known only in part, so
-    /// it is neither told nor taken as the pods' answer.
-    refusals_cut_off: HashSet<PlaneKey>,
+    /// Planes whose outcome this round says all their pods refuse
+    /// ([`push::PlaneOutcome::refusals_known`]): only theirs is told, or taken as the pods'
+    /// answer.
+    refusals_known: HashSet<PlaneKey>,
     /// What routes were told of their refused rules, by this process or an earlier leader.
     refusals_told: report::RefusalsTold,
     /// Routes told their plane's pods have not taken the config: an Event once per run of
@@ -978,7 +978,7 @@ impl Reconciler {
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
-            refusals_cut_off: HashSet::new(),
+            refusals_known: HashSet::new(),
             refusals_told: report::RefusalsTold::default(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
@@ -1480,9 +1480,9 @@ impl Reconciler {
             }
         }
         self.refused_rules = report::refused_rules(&output, &outcomes);
-        self.refusals_cut_off = outcomes
+        self.refusals_known = outcomes
             .iter()
-            .filter(|(_, outcome)| outcome.refusals_cut_off)
+            .filter(|(_, outcome)| outcome.refusals_known)
             .map(|(plane, _)| plane.clone())
             .collect();
         if self.inherited_push_failures.is_none() {
@@ -1490,21 +1490,7 @@ impl Reconciler {
             self.inherited_push_failures = Some(told);
         }
         for (plane, outcome) in &outcomes {
-            // What the pods refuse is known once every pod listed answers (but those down and
-            // not serving, which hold no config, while one is up), or one refuses a rule and
-            // the round left out every rule refused (one cut off leaves some to later rounds),
-            // or the plane is scaled to zero. A round with no pod listed for a shorter while
-            // (a pod gone before its successor is listed) says nothing of it.
-            let answered = if outcome.pods.is_empty() {
-                outcome.scaled_to_zero
-            } else {
-                (outcome.refused.iter().any(|r| r.pod.is_some()) && !outcome.refusals_cut_off)
-                    || (!outcome.all_down()
-                        && outcome.pods.iter().all(|(pod, o)| {
-                            !matches!(o, PodOutcome::Failed(_)) || outcome.idle.contains(pod)
-                        }))
-            };
-            if answered {
+            if outcome.refusals_known {
                 self.pushed_planes.insert(plane.clone());
             }
             if !outcome.pods.is_empty() {

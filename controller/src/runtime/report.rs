@@ -1006,10 +1006,10 @@ impl Reconciler {
                         message: told.to_owned(),
                         observed_generation: meta.generation,
                     });
-                } else if let Some(message) = self
-                    .refused_rules
-                    .get(&route_key)
-                    .and_then(|refused| refusals_of(refused, plane))
+                } else if let Some(message) =
+                    self.refused_rules.get(&route_key).and_then(|refused| {
+                        refusals_of(refused, &planes_serving(plane, planes, &self.push_failures))
+                    })
                 {
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
@@ -1090,20 +1090,34 @@ impl Reconciler {
             }
             // The refusals of the route's rules, per plane: an Event when what a plane's pods
             // refuse changes, and none for what an earlier leader told of the route as it is.
-            let refused = self
+            // Of the planes whose refusals some parent's condition shows.
+            let shown: BTreeSet<&PlaneKey> = ours
+                .iter()
+                .filter(|parent| {
+                    parent
+                        .condition(ConditionType::Accepted)
+                        .is_some_and(|c| c.status)
+                })
+                .filter_map(|parent| self.serving_plane(output, planes, &parent.parent_ref))
+                .flat_map(|plane| planes_serving(plane, planes, &self.push_failures))
+                .collect();
+            let refused: Vec<(PlaneKey, String)> = self
                 .refused_rules
                 .get(&route_key)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
+                .into_iter()
+                .flatten()
+                .filter(|(plane, _)| shown.contains(plane))
+                .cloned()
+                .collect();
+            let refused = refused.as_slice();
             let untold = self.refusals_told.untold(
                 &told_key,
                 refused,
-                &self.pushed_planes,
-                &self.refusals_cut_off,
+                &self.refusals_known,
                 meta.generation,
             );
             for (plane, keys) in untold {
-                let note = refusals_of(refused, &plane).unwrap_or_default();
+                let note = refusals_of(refused, &[&plane]).unwrap_or_default();
                 let told = Told::RuleRefused {
                     route: told_key.clone(),
                     plane: plane.clone(),
@@ -1902,6 +1916,27 @@ fn serves_its_tunnel(
     given && !runs_no_connector(info, failures.get(plane))
 }
 
+/// The planes whose pods serve the routes of `plane` (the one serving a parent): it, and the
+/// others on its tunnel that serve them ([`serves_its_tunnel`]), each given the union of the
+/// tunnel's routes and handed a share of its requests. A rule any of them refuses is not
+/// served for that share.
+fn planes_serving<'p>(
+    plane: &'p PlaneKey,
+    planes: &'p BTreeMap<PlaneKey, PlaneInfo>,
+    failures: &HashMap<PlaneKey, PushFailure>,
+) -> Vec<&'p PlaneKey> {
+    let tunnel = planes.get(plane).and_then(|info| info.identity.as_ref());
+    let peers = planes.iter().filter(move |(peer, info)| {
+        *peer != plane
+            && tunnel.is_some()
+            && info.identity.as_ref() == tunnel
+            && serves_its_tunnel(peer, info, planes, failures)
+    });
+    std::iter::once(plane)
+        .chain(peers.map(|(peer, _)| peer))
+        .collect()
+}
+
 /// Whether a plane runs no connector, so the edge hands it none of its tunnel's requests: it
 /// has no pod listed, or every pod of it is down (`failure`, its push failure if it has one).
 fn runs_no_connector(info: &PlaneInfo, failure: Option<&PushFailure>) -> bool {
@@ -2026,14 +2061,14 @@ pub(super) fn refused_rules(
         .collect()
 }
 
-/// What a route is told of the rules `plane`'s pods refuse (`refused`, the route's, as
-/// [`refused_rules`] words them): the condition of each parent that plane serves, and the
-/// Event of that plane's refusals. `None` when the plane refuses none of them: a parent is
-/// told only of its own plane, so what another plane's pods refuse never shows on it.
-fn refusals_of(refused: &[(PlaneKey, String)], plane: &PlaneKey) -> Option<String> {
+/// What a route is told of the rules the pods of `of` refuse (`refused`, the route's, as
+/// [`refused_rules`] words them): the condition of a parent, of the planes serving it
+/// ([`planes_serving`]), and the Event of one plane's refusals. `None` when they refuse none
+/// of them: what a plane not serving the parent refuses never shows on it.
+fn refusals_of(refused: &[(PlaneKey, String)], of: &[&PlaneKey]) -> Option<String> {
     let said: Vec<&str> = refused
         .iter()
-        .filter(|(p, _)| p == plane)
+        .filter(|(p, _)| of.contains(&p))
         .map(|(_, said)| said.as_str())
         .collect();
     (!said.is_empty()).then(|| said.join(REFUSALS_JOINED))
@@ -2211,34 +2246,30 @@ impl RefusalsTold {
     /// earlier leader (whose word on a plane is taken in, and so used up, once that plane's
     /// pods answer).
     ///
-    /// A plane whose pods answered this process's pushes (`answered`) refusing none of the
-    /// route's rules takes back what it was told: a refusal it makes later is told again. A
-    /// plane whose round was cut off (`cut_off`: it stopped leaving rules out while pods still
-    /// refused), or whose pods have not answered yet (what it refuses then is only what is
-    /// found without them: rules left out for want of room), knows what its pods refuse only
-    /// in part: it is neither told nor taken back.
+    /// A plane whose round knows all its pods refuse (`known`,
+    /// [`push::PlaneOutcome::refusals_known`]) refusing none of the route's rules takes back
+    /// what it was told: a refusal it makes later is told again. Any other plane (a round cut
+    /// off, pods not all answering, an outcome of an earlier document) knows what its pods
+    /// refuse only in part: it is neither told nor taken back.
     pub(super) fn untold(
         &mut self,
         route: &str,
         refused: &[(PlaneKey, String)],
-        answered: &HashSet<PlaneKey>,
-        cut_off: &HashSet<PlaneKey>,
+        known: &HashSet<PlaneKey>,
         generation: Option<i64>,
     ) -> Vec<(PlaneKey, RefusalKeys)> {
         let mut refusing: BTreeMap<&PlaneKey, RefusalKeys> = BTreeMap::new();
         for (plane, said) in refused {
             refusing.entry(plane).or_default().insert(refusal_key(said));
         }
-        refusing.retain(|plane, _| answered.contains(*plane) && !cut_off.contains(*plane));
+        refusing.retain(|plane, _| known.contains(*plane));
         let Some(told) = self.routes.get_mut(route) else {
             return refusing
                 .into_iter()
                 .map(|(plane, keys)| (plane.clone(), keys))
                 .collect();
         };
-        let taken = |plane: &PlaneKey| {
-            answered.contains(plane) && !cut_off.contains(plane) && !refusing.contains_key(plane)
-        };
+        let taken = |plane: &PlaneKey| known.contains(plane) && !refusing.contains_key(plane);
         told.told.retain(|plane, _| !taken(plane));
         for before in &mut told.before {
             before.planes.retain(|plane| !taken(plane));

@@ -1,4 +1,5 @@
 use super::*;
+use crate::translate::TunnelIdentity;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// Limits small enough to reach in a test; posts given up after a minute.
@@ -393,7 +394,7 @@ fn untold(
     generation: i64,
 ) -> Vec<PlaneKey> {
     let answered = answered.iter().map(|&p| p.clone()).collect();
-    told.untold(ROUTE, refused, &answered, &HashSet::new(), Some(generation))
+    told.untold(ROUTE, refused, &answered, Some(generation))
         .into_iter()
         .map(|(plane, _)| plane)
         .collect()
@@ -407,9 +408,12 @@ fn tell(
     answered: &[&PlaneKey],
     cut_off: &[&PlaneKey],
 ) -> Vec<PlaneKey> {
-    let answered = answered.iter().map(|&p| p.clone()).collect();
-    let cut_off = cut_off.iter().map(|&p| p.clone()).collect();
-    let untold = told.untold(ROUTE, refused, &answered, &cut_off, Some(4));
+    let known = answered
+        .iter()
+        .filter(|p| !cut_off.contains(p))
+        .map(|&p| p.clone())
+        .collect();
+    let untold = told.untold(ROUTE, refused, &known, Some(4));
     untold
         .into_iter()
         .map(|(plane, keys)| {
@@ -633,11 +637,71 @@ fn a_parent_is_told_only_what_the_plane_serving_it_refuses() {
     let (shared, edge) = (PlaneKey::Shared, edge());
     let on_edge = refusal_of(1, "10.0.1.5:8081", &edge, 1);
     let refused = [(edge.clone(), on_edge.clone())];
-    assert_eq!(refusals_of(&refused, &shared), None);
-    assert_eq!(refusals_of(&refused, &edge), Some(on_edge.clone()));
+    assert_eq!(refusals_of(&refused, &[&shared]), None);
+    assert_eq!(refusals_of(&refused, &[&edge]), Some(on_edge.clone()));
     let on_shared = refusal("10.0.0.5:8081", &shared, 0);
     let refused = [(shared.clone(), on_shared.clone()), (edge.clone(), on_edge)];
-    assert_eq!(refusals_of(&refused, &shared), Some(on_shared));
+    assert_eq!(refusals_of(&refused, &[&shared]), Some(on_shared));
+}
+
+/// A plane with one pod listed, on `tunnel`.
+fn plane_on(tunnel: Option<&TunnelIdentity>) -> PlaneInfo {
+    PlaneInfo {
+        address: String::new(),
+        ready: true,
+        token: String::new(),
+        pods: vec!["10.0.0.5:8081".parse().expect("an address")],
+        not_serving: Vec::new(),
+        service: ObjectKey::new("cftunnel", "pool"),
+        tunnel: None,
+        identity: tunnel.cloned(),
+        kept: false,
+    }
+}
+
+/// A route whose only parent is a Gateway with a plane of its own on the class tunnel: the
+/// shared pool there is given the route too and serves a share of its requests, so what the
+/// pool's pods refuse of it shows on the parent, beside the Gateway's own plane's refusals.
+#[test]
+fn a_parent_is_told_what_the_planes_on_its_tunnel_refuse() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let class = TunnelIdentity::of(&cftunnel_config::Token::new(
+        "account",
+        b"secret".to_vec(),
+        "6f2b8c1e-4d0a-4c3b-9a57-1e2d3c4b5a69"
+            .parse()
+            .expect("uuid"),
+    ));
+    let other = TunnelIdentity::of(&cftunnel_config::Token::new(
+        "account",
+        b"secret".to_vec(),
+        "0b1c2d3e-4f50-4617-8899-aabbccddeeff"
+            .parse()
+            .expect("uuid"),
+    ));
+    let planes: BTreeMap<PlaneKey, PlaneInfo> = [
+        (shared.clone(), plane_on(Some(&class))),
+        (edge.clone(), plane_on(Some(&class))),
+    ]
+    .into();
+    let by_pool = refusal("10.0.0.5:8081", &shared, 0);
+    let refused = [(shared.clone(), by_pool.clone())];
+    let serving = planes_serving(&edge, &planes, &HashMap::new());
+    assert_eq!(serving, [&edge, &shared]);
+    assert_eq!(refusals_of(&refused, &serving), Some(by_pool.clone()));
+    let by_edge = refusal_of(1, "10.0.1.5:8081", &edge, 1);
+    let both = [(shared.clone(), by_pool), (edge.clone(), by_edge)];
+    let said = refusals_of(&both, &serving).expect("both told");
+    assert_eq!(refusals_said(&said, &[&shared, &edge]).len(), 2, "{said}");
+    // On another tunnel, the pool serves none of the Gateway's routes.
+    let apart: BTreeMap<PlaneKey, PlaneInfo> = [
+        (shared.clone(), plane_on(Some(&other))),
+        (edge.clone(), plane_on(Some(&class))),
+    ]
+    .into();
+    let serving = planes_serving(&edge, &apart, &HashMap::new());
+    assert_eq!(serving, [&edge]);
+    assert_eq!(refusals_of(&refused, &serving), None);
 }
 
 /// What was told of a plane goes with it (its Gateway deleted, the route staying): a plane of
