@@ -811,10 +811,11 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
 
 /// More rules refused than a round leaves out (seven): the round does not know all the pods
 /// refuse, nor does a round after it that no pod answers (what was found stands, still only
-/// part), and the next round every pod answers finds the rest. A round after the pod that refused is replaced keeps the refusals it
-/// did not reach again, as they were, rather than drop them for a round: one whose pods do not
-/// answer yet (it reached none), and one cut off (the replacing pod, of the same release,
-/// refusing more than the round leaves out).
+/// part), and the next round every pod answers finds the rest; one that some pods answer
+/// (another failing) hears what they refuse, not all of it. A round after the pod that
+/// refused is replaced keeps the refusals it did not reach again, as they were, rather than
+/// drop them for a round: one whose pods do not answer yet (it reached none), and one cut off
+/// (the replacing pod, of the same release, refusing more than the round leaves out).
 #[tokio::test]
 async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     use cftunnel_config::{Cors, Filter, FilterType};
@@ -848,8 +849,12 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
 
     let first = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
     assert_eq!(
-        (first.refused.len(), first.refusals_known),
-        (7, false),
+        (
+            first.refused.len(),
+            first.refusals_known,
+            first.refusals_heard
+        ),
+        (7, false, false),
         "{first:?}"
     );
     // The pod's config port goes away for a round: no pod answers, and the seven found stand,
@@ -858,15 +863,32 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     let away = support::gated_port(older.addr(), closed).await;
     let unheard = pusher.sync(&plane(), &doc, TOKEN, &[away]).await;
     assert_eq!(
-        (by(&unheard, older.addr()), unheard.refusals_known),
-        (7, false),
+        (
+            by(&unheard, older.addr()),
+            unheard.refusals_known,
+            unheard.refusals_heard
+        ),
+        (7, false, false),
         "{unheard:?}"
     );
     let second = pusher.sync(&plane(), &doc, TOKEN, &[older.addr()]).await;
     assert_eq!(
-        (second.refused.len(), second.refusals_known),
-        (10, true),
+        (
+            second.refused.len(),
+            second.refusals_known,
+            second.refusals_heard
+        ),
+        (10, true, true),
         "{second:?}"
+    );
+    // Beside a pod that does not answer: heard, not known.
+    let some = pusher
+        .sync(&plane(), &doc, TOKEN, &[older.addr(), away])
+        .await;
+    assert_eq!(
+        (some.refused.len(), some.refusals_known, some.refusals_heard),
+        (10, false, true),
+        "{some:?}"
     );
 
     let replacing = OlderProxy::start(behind.admin_addr())

@@ -90,6 +90,11 @@ pub struct PlaneOutcome {
     /// `refused` is only part of it (what was found, and what earlier rounds found, as it
     /// was); so is a stale outcome's.
     pub refusals_known: bool,
+    /// A pod answered the round's last push and the round was not cut off: what `refused`
+    /// says the pods refuse, some of them do refuse, though it may not be all of it (another
+    /// pod did not answer). Enough to tell a route its rule is refused; not enough to take a
+    /// refusal back ([`PlaneOutcome::refusals_known`]). Not of a stale outcome.
+    pub refusals_heard: bool,
     /// No pod has been listed for longer than a run of failures is kept through such a gap
     /// ([`Pusher::keeping_runs_without_pods`]): the plane is scaled to zero, and what its pods
     /// refused is forgotten. A shorter gap (a pod gone before its successor is listed) keeps
@@ -306,6 +311,7 @@ impl Pusher {
                 pods: Vec::new(),
                 refused: Vec::new(),
                 refusals_known: false,
+                refusals_heard: false,
                 scaled_to_zero: false,
                 failed_rounds: 0,
                 sustained_failure: false,
@@ -437,6 +443,7 @@ impl Pusher {
                 if !this_rounds && *last.config != *round.config {
                     outcome.stale = true;
                     outcome.refusals_known = false;
+                    outcome.refusals_heard = false;
                     outcome.refused = placed_in(&outcome.refused, &last.config, round.config);
                 }
                 plane.earlier = None;

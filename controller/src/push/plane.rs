@@ -331,6 +331,7 @@ pub(super) async fn sync_plane(
             .iter()
             .all(|(pod, o)| !matches!(o, PodOutcome::Failed(_)) || idle.contains(pod));
     outcome.refusals_known = !cut_off && (answered_all || outcome.scaled_to_zero);
+    outcome.refusals_heard = !cut_off && answered;
     outcome.token_refused = token_refused;
     outcome.idle = idle;
     // Every pod took the current token: the rollout is over, and the one before is
@@ -558,6 +559,7 @@ fn finish(
         pods,
         refused: Vec::new(),
         refusals_known: false,
+        refusals_heard: false,
         scaled_to_zero,
         duration: std::time::Duration::ZERO,
         repeated: false,

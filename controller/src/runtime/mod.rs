@@ -600,6 +600,9 @@ struct Reconciler {
     /// ([`push::PlaneOutcome::refusals_known`]): only theirs is told, or taken as the pods'
     /// answer.
     refusals_known: HashSet<PlaneKey>,
+    /// Planes whose outcome this round says what some of their pods refuse
+    /// ([`push::PlaneOutcome::refusals_heard`]): theirs is told.
+    refusals_heard: HashSet<PlaneKey>,
     /// What routes were told of their refused rules, by this process or an earlier leader.
     refusals_told: report::RefusalsTold,
     /// Routes told their plane's pods have not taken the config: an Event once per run of
@@ -979,6 +982,7 @@ impl Reconciler {
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refusals_known: HashSet::new(),
+            refusals_heard: HashSet::new(),
             refusals_told: report::RefusalsTold::default(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
@@ -1483,6 +1487,11 @@ impl Reconciler {
         self.refusals_known = outcomes
             .iter()
             .filter(|(_, outcome)| outcome.refusals_known)
+            .map(|(plane, _)| plane.clone())
+            .collect();
+        self.refusals_heard = outcomes
+            .iter()
+            .filter(|(_, outcome)| outcome.refusals_heard)
             .map(|(plane, _)| plane.clone())
             .collect();
         if self.inherited_push_failures.is_none() {

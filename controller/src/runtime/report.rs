@@ -995,10 +995,14 @@ impl Reconciler {
                     // Said of the route as it is (a rule since changed may be refused no
                     // more), by an earlier leader.
                     .inherited(&told_key, &parent.parent_ref, meta.generation)
-                    .filter(|_| !self.pushed_planes.contains(plane))
+                    .filter(|_| {
+                        planes_serving(plane, planes, &self.push_failures)
+                            .iter()
+                            .any(|p| !self.pushed_planes.contains(*p))
+                    })
                 {
-                    // The plane serving the parent not answering this process's pushes yet:
-                    // the refusal of the route as it is stands until its pods say.
+                    // A plane serving the parent not answering this process's pushes yet: the
+                    // refusal of the route as it is stands until their pods say.
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
@@ -1113,6 +1117,7 @@ impl Reconciler {
             let untold = self.refusals_told.untold(
                 &told_key,
                 refused,
+                &self.refusals_heard,
                 &self.refusals_known,
                 meta.generation,
             );
@@ -2248,13 +2253,17 @@ impl RefusalsTold {
     ///
     /// A plane whose round knows all its pods refuse (`known`,
     /// [`push::PlaneOutcome::refusals_known`]) refusing none of the route's rules takes back
-    /// what it was told: a refusal it makes later is told again. Any other plane (a round cut
-    /// off, pods not all answering, an outcome of an earlier document) knows what its pods
-    /// refuse only in part: it is neither told nor taken back.
+    /// what it was told: a refusal it makes later is told again. One whose round heard from
+    /// some of its pods only (`heard`, [`push::PlaneOutcome::refusals_heard`]: another pod
+    /// failing, say) tells what they refuse, and takes nothing back; an earlier leader's word
+    /// on it waits for all its pods, as what some say may be part of it. Any other plane (a
+    /// round cut off, no pod answering, an outcome of an earlier document) is neither told nor
+    /// taken back.
     pub(super) fn untold(
         &mut self,
         route: &str,
         refused: &[(PlaneKey, String)],
+        heard: &HashSet<PlaneKey>,
         known: &HashSet<PlaneKey>,
         generation: Option<i64>,
     ) -> Vec<(PlaneKey, RefusalKeys)> {
@@ -2262,7 +2271,7 @@ impl RefusalsTold {
         for (plane, said) in refused {
             refusing.entry(plane).or_default().insert(refusal_key(said));
         }
-        refusing.retain(|plane, _| known.contains(*plane));
+        refusing.retain(|plane, _| heard.contains(*plane) || known.contains(*plane));
         let Some(told) = self.routes.get_mut(route) else {
             return refusing
                 .into_iter()
@@ -2276,6 +2285,10 @@ impl RefusalsTold {
         }
         let mut untold = Vec::new();
         for (plane, keys) in refusing {
+            let inherited = told.before.iter().any(|b| b.planes.contains(plane));
+            if inherited && !known.contains(plane) {
+                continue;
+            }
             let mut told_before = false;
             for before in &mut told.before {
                 if before.planes.remove(plane) {

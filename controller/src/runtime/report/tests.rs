@@ -394,7 +394,7 @@ fn untold(
     generation: i64,
 ) -> Vec<PlaneKey> {
     let answered = answered.iter().map(|&p| p.clone()).collect();
-    told.untold(ROUTE, refused, &answered, Some(generation))
+    told.untold(ROUTE, refused, &answered, &answered, Some(generation))
         .into_iter()
         .map(|(plane, _)| plane)
         .collect()
@@ -413,7 +413,7 @@ fn tell(
         .filter(|p| !cut_off.contains(p))
         .map(|&p| p.clone())
         .collect();
-    let untold = told.untold(ROUTE, refused, &known, Some(4));
+    let untold = told.untold(ROUTE, refused, &known, &known, Some(4));
     untold
         .into_iter()
         .map(|(plane, keys)| {
@@ -715,4 +715,56 @@ fn what_a_plane_was_told_goes_with_the_plane() {
     told.retain_planes(|plane| *plane == shared);
     assert!(told.routes.is_empty(), "nothing kept of the route");
     assert_eq!(tell(&mut told, &refused, &[&edge], &[]), [edge]);
+}
+
+/// A round some of a plane's pods answer (another failing): what they refuse is told, and
+/// nothing is taken back; the round every pod answers tells nothing more of it.
+#[test]
+fn a_plane_some_of_whose_pods_answer_tells_what_they_refuse_and_takes_nothing_back() {
+    let shared = PlaneKey::Shared;
+    let mut told = RefusalsTold::default();
+    let heard = HashSet::from([shared.clone()]);
+    let none = HashSet::new();
+    let said = refusal("10.0.0.5:8081", &shared, 1);
+    let refused = [(shared.clone(), said)];
+    let untold = told.untold(ROUTE, &refused, &heard, &none, Some(4));
+    assert_eq!(untold.len(), 1, "told though another pod fails");
+    for (plane, keys) in untold {
+        told.took(ROUTE, &plane, keys);
+    }
+    // The pod that refused does not answer this round, the other does: nothing taken back.
+    assert!(told.untold(ROUTE, &[], &heard, &none, Some(4)).is_empty());
+    let all = HashSet::from([shared.clone()]);
+    assert!(
+        told.untold(ROUTE, &refused, &all, &all, Some(4)).is_empty(),
+        "told once"
+    );
+}
+
+/// What an earlier leader told of a plane waits for all its pods: what some of them refuse
+/// may be part of it.
+#[test]
+fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
+    let shared = PlaneKey::Shared;
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    let heard = HashSet::from([shared.clone()]);
+    // Some pods answer, saying other than what was told (the rest, failing, may say more).
+    let some = refusal("10.0.0.5:8081", &shared, 1).replace("cors", "mirror");
+    assert!(told
+        .untold(
+            ROUTE,
+            &[(shared.clone(), some)],
+            &heard,
+            &HashSet::new(),
+            Some(4)
+        )
+        .is_empty());
+    let said = refusal("10.0.0.5:8081", &shared, 1);
+    let refused = [(shared.clone(), said)];
+    assert!(
+        told.untold(ROUTE, &refused, &heard, &heard, Some(4))
+            .is_empty(),
+        "the earlier leader's word still there, and taken"
+    );
 }
