@@ -5987,20 +5987,7 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
             "the refusal as it was found"
         );
         open.store(true, Ordering::SeqCst);
-        eventually("the refusal of the replacing pod", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
-                c["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains(&gate.to_string()))
-            })
-        })
-        .await;
-        rounds_later(&health, 5).await;
-        assert!(
-            !dropped.load(Ordering::SeqCst),
-            "the route's status was written without the refusal"
-        );
-        assert_eq!(rule_refusals_told(&api), 1, "told once");
+        refused_again_by(&api, &health, gate, &dropped).await;
         stop_controller(stop, controller).await;
     })
     .await
@@ -6073,20 +6060,7 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
         );
         slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
         api.put(slice);
-        eventually("the refusal of the successor", || {
-            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
-                c["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains(&successor.addr().to_string()))
-            })
-        })
-        .await;
-        rounds_later(&health, 5).await;
-        assert!(
-            !dropped.load(Ordering::SeqCst),
-            "the route's status was written without the refusal"
-        );
-        assert_eq!(rule_refusals_told(&api), 1, "told once");
+        refused_again_by(&api, &health, successor.addr(), &dropped).await;
         stop_controller(stop, controller).await;
     })
     .await
@@ -6206,6 +6180,32 @@ async fn pool_api(pool: SocketAddr, backend: SocketAddr, more: &str) -> ApiServe
         ))
         .start()
         .await
+}
+
+/// Waits for the CORS route's refusal to name `pod` (found again by another pod), then five
+/// more of the controller's rounds, and checks no second `ProxyRuleRefused` went out and the
+/// route's status was never written without the refusal meanwhile (`dropped`, from
+/// [`written_without`]).
+async fn refused_again_by(
+    api: &ApiServer,
+    health: &runtime::health::Health,
+    pod: SocketAddr,
+    dropped: &std::sync::atomic::AtomicBool,
+) {
+    eventually("the refusal of the pod named", || {
+        route_condition(api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).filter(|c| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&pod.to_string()))
+        })
+    })
+    .await;
+    rounds_later(health, 5).await;
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the route's status was written without the refusal"
+    );
+    assert_eq!(rule_refusals_told(api), 1, "told once");
 }
 
 /// Waits for the CORS route to be told, once, that a rule of it was refused (its condition,
