@@ -2285,7 +2285,10 @@ impl RefusalsTold {
         }
         let mut untold = Vec::new();
         for (plane, keys) in refusing {
-            let inherited = told.before.iter().any(|b| b.planes.contains(plane));
+            let inherited = told
+                .before
+                .iter()
+                .any(|b| b.generation == generation && b.planes.contains(plane));
             if inherited && !known.contains(plane) {
                 continue;
             }
@@ -2296,9 +2299,22 @@ impl RefusalsTold {
                         before.generation == generation && before.keys.get(plane) == Some(&keys);
                 }
             }
+            let told_now = told.told.get(plane);
             if told_before {
                 told.told.insert(plane.clone(), keys);
-            } else if told.told.get(plane) != Some(&keys) {
+            } else if known.contains(plane) {
+                if told_now != Some(&keys) {
+                    untold.push((plane.clone(), keys));
+                }
+            } else if !told_now.is_some_and(|told_now| keys.is_subset(told_now)) {
+                // Heard from some pods only: what they refuse beyond what was told is told,
+                // beside it; nothing is taken back.
+                let keys = told_now
+                    .into_iter()
+                    .flatten()
+                    .cloned()
+                    .chain(keys)
+                    .collect();
                 untold.push((plane.clone(), keys));
             }
         }

@@ -768,3 +768,46 @@ fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
         "the earlier leader's word still there, and taken"
     );
 }
+
+/// A round some pods answer, finding part of what was told, takes nothing back and tells
+/// nothing; one finding more tells it beside what was told.
+#[test]
+fn a_round_some_pods_answer_tells_only_what_is_beyond_what_was_told() {
+    let shared = PlaneKey::Shared;
+    let all = HashSet::from([shared.clone()]);
+    let none = HashSet::new();
+    let first = refusal("10.0.0.5:8081", &shared, 1);
+    let second = first.replace("cors", "mirror");
+    let third = first.replace("cors", "teleport");
+    let both = [(shared.clone(), first.clone()), (shared.clone(), second)];
+    let mut told = RefusalsTold::default();
+    for (plane, keys) in told.untold(ROUTE, &both, &all, &all, Some(4)) {
+        told.took(ROUTE, &plane, keys);
+    }
+    let part = [(shared.clone(), first.clone())];
+    assert!(told.untold(ROUTE, &part, &all, &none, Some(4)).is_empty());
+    assert!(
+        told.untold(ROUTE, &both, &all, &all, Some(4)).is_empty(),
+        "nothing taken back"
+    );
+    let more = [(shared.clone(), first), (shared.clone(), third)];
+    let untold = told.untold(ROUTE, &more, &all, &none, Some(4));
+    assert_eq!(untold.len(), 1);
+    assert_eq!(
+        untold[0].1.len(),
+        3,
+        "told beside what was told: {untold:?}"
+    );
+}
+
+/// What an earlier leader told of the route at another generation holds back nothing.
+#[test]
+fn an_earlier_leaders_word_of_another_generation_holds_back_no_event() {
+    let shared = PlaneKey::Shared;
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    let heard = HashSet::from([shared.clone()]);
+    let said = refusal("10.0.0.5:8081", &shared, 1);
+    let untold = told.untold(ROUTE, &[(shared, said)], &heard, &HashSet::new(), Some(5));
+    assert_eq!(untold.len(), 1, "{untold:?}");
+}
