@@ -719,7 +719,6 @@ async fn pods_that_still_hold_the_token_before_a_rotation_keep_getting_pushes() 
 /// is gone.
 #[tokio::test]
 async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_same_round() {
-    use cftunnel_config::{Cors, Filter, FilterType};
     use cftunnel_controller::push::RefusedRule;
     use cftunnel_testkit::older_proxy::OlderProxy;
 
@@ -733,11 +732,7 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
         name: Some(name.to_owned()),
         ..config(backend.http_addr(), host).rules.remove(0)
     };
-    let mut cors = Filter::new(FilterType::Cors);
-    cors.cors = Some(Cors {
-        allow_origins: vec!["https://app.example.com".to_owned()],
-        ..Cors::default()
-    });
+    let cors = cors_filter();
     let doc = Config {
         rules: vec![
             rule("one.example.com", "shop/one/0"),
@@ -818,7 +813,6 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
 /// (the replacing pod, of the same release, refusing more than the round leaves out).
 #[tokio::test]
 async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
-    use cftunnel_config::{Cors, Filter, FilterType};
     use cftunnel_testkit::older_proxy::OlderProxy;
 
     let backend = echo().await;
@@ -826,11 +820,7 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
     let older = OlderProxy::start(behind.admin_addr())
         .await
         .expect("the older pod starts");
-    let mut cors = Filter::new(FilterType::Cors);
-    cors.cors = Some(Cors {
-        allow_origins: vec!["https://app.example.com".to_owned()],
-        ..Cors::default()
-    });
+    let cors = cors_filter();
     let rule = |i: usize| Rule {
         name: Some(format!("shop/cors{i}/0")),
         filters: vec![cors.clone()],
@@ -925,7 +915,6 @@ async fn a_round_cut_off_keeps_the_refusals_it_did_not_check_again() {
 /// refusals go.
 #[tokio::test]
 async fn refusals_stand_through_a_round_with_no_pod_listed_until_scaled_to_zero() {
-    use cftunnel_config::{Cors, Filter, FilterType};
     use cftunnel_testkit::older_proxy::OlderProxy;
 
     let backend = echo().await;
@@ -933,11 +922,7 @@ async fn refusals_stand_through_a_round_with_no_pod_listed_until_scaled_to_zero(
     let older = OlderProxy::start(behind.admin_addr())
         .await
         .expect("the older pod starts");
-    let mut cors = Filter::new(FilterType::Cors);
-    cors.cors = Some(Cors {
-        allow_origins: vec!["https://app.example.com".to_owned()],
-        ..Cors::default()
-    });
+    let cors = cors_filter();
     let mut doc = config(backend.http_addr(), "cors.example.com");
     doc.rules[0].name = Some("shop/cors/0".to_owned());
     doc.rules[0].filters = vec![cors];
@@ -1398,4 +1383,15 @@ async fn a_fresh_controller_goes_by_no_empty_document_while_a_pod_holds_a_pushed
     open.store(true, Ordering::SeqCst);
     let round = weighed_round(&mut pusher, &pods, &doc).await;
     new_left_out_and_taken_served(&round, &[&fresh, &ahead]).await;
+}
+
+/// A CORS filter allowing one origin: a filter type the older release predates.
+fn cors_filter() -> cftunnel_config::Filter {
+    use cftunnel_config::{Cors, Filter, FilterType};
+    let mut cors = Filter::new(FilterType::Cors);
+    cors.cors = Some(Cors {
+        allow_origins: vec!["https://app.example.com".to_owned()],
+        ..Cors::default()
+    });
+    cors
 }
