@@ -5342,33 +5342,13 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
         cloudflare.allow("acct", "cf-token-a");
         let pool = proxy_pod("pool-secret").await;
         let edge = proxy_pod("s3cr3t").await;
-        let slice = |namespace: &str, service: &str, port: u16| {
-            config_slice(namespace, service, port, true)
-        };
+        // The class tunnel is the one Gateway edge's token opens; no Gateway is on the pool.
         let t = Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
-            |api| {
-                // The class tunnel is the one Gateway edge's token opens; no Gateway is on
-                // the pool.
-                api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n"));
-                api.put(yaml(&format!(
-                    "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{class_token}\"}}\n"
-                )));
-                api.put(slice("cftunnel-system", "cftunnel-proxy", pool.admin_addr().port()));
-                api.put(slice("tenant-a", "cf-proxy-edge-config", edge.admin_addr().port()));
-            },
+            |api| pool_beside(api, pool.admin_addr(), edge.admin_addr(), &[]),
             ApiServer::client,
             |options| {
-                options.shared = Some(SharedPlane {
-                    deployment: None,
-                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                    auth_key: "token".to_owned(),
-                    tunnel_secret: Some((
-                        ObjectKey::new("cftunnel-system", "class-tunnel"),
-                        "tunnel-token".to_owned(),
-                    )),
-                });
+                beside_the_pool(true)(options);
                 options.cloudflare_api_base = cloudflare.base();
                 options.cloudflare_api_token = Some("cf-token-a".to_owned());
             },
@@ -6062,6 +6042,228 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
         api.put(slice);
         refused_again_by(&api, &health, successor.addr(), &dropped).await;
         stop_controller(stop, controller).await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The route `cors` of `tenant-a` with the refused CORS rule, on Gateways `parents`.
+fn cors_route_on(parents: &[&str]) -> String {
+    let parents: Vec<String> = parents.iter().map(|p| format!("{{name: {p}}}")).collect();
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: cors, namespace: tenant-a}}\nspec:\n  parentRefs: [{}]\n  rules:\n  - matches: [{{path: {{value: /cors}}}}]\n    filters: [{{type: CORS, cors: {{allowOrigins: ['https://app.example.com']}}}}]\n    backendRefs: [{{name: web, port: 80}}]\n",
+        parents.join(", ")
+    )
+}
+
+/// Condition `kind` of the parent `gateway` (in the route's namespace) in the status of
+/// HTTPRoute `namespace/name`.
+fn parent_condition(
+    api: &ApiServer,
+    (namespace, name): (&str, &str),
+    gateway: &str,
+    kind: &str,
+) -> Option<Value> {
+    let route = api.get("gateway.networking.k8s.io/v1", "HTTPRoute", namespace, name)?;
+    let parent = route
+        .pointer("/status/parents")?
+        .as_array()?
+        .iter()
+        .find(|p| p["controllerName"] == CONTROLLER && p["parentRef"]["name"] == gateway)?;
+    condition(&parent["conditions"], kind).cloned()
+}
+
+/// The controller's options beside the shared pool: on `class_tunnel`, the pool runs on the
+/// tunnel Gateway edge's token opens, and so serves edge's routes beside edge's own plane.
+fn beside_the_pool(class_tunnel: bool) -> impl Fn(&mut RuntimeOptions) {
+    move |options| {
+        options.shared = Some(SharedPlane {
+            deployment: None,
+            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+            auth_key: "token".to_owned(),
+            tunnel_secret: class_tunnel.then(|| {
+                (
+                    ObjectKey::new("cftunnel-system", "class-tunnel"),
+                    "tunnel-token".to_owned(),
+                )
+            }),
+        });
+    }
+}
+
+/// Puts the shared pool's side beside the seed's: the pool's token Secret, the class tunnel's
+/// (the one Gateway edge's token opens, used [`beside_the_pool`] with `class_tunnel`), the
+/// config EndpointSlices of the pool (listing `pool`) and of edge's plane (`edge`), and `more`.
+fn pool_beside(api: &ApiServer, pool: SocketAddr, edge: SocketAddr, more: &[String]) {
+    let class_token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n"));
+    api.put(yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{class_token}\"}}\n"
+    )));
+    api.put(config_slice(
+        "cftunnel-system",
+        "cftunnel-proxy",
+        pool.port(),
+        true,
+    ));
+    api.put(config_slice(
+        "tenant-a",
+        "cf-proxy-edge-config",
+        edge.port(),
+        true,
+    ));
+    for object in more {
+        api.put(yaml(object));
+    }
+}
+
+/// A route with one parent on the shared pool and one on a Gateway's own plane, each plane's
+/// pod of an earlier release that refuses its CORS rule: each parent says what its plane
+/// refuses, one `ProxyRuleRefused` goes out per plane, and once one plane's pod is upgraded
+/// only its parent stops saying so, with no Event more.
+#[tokio::test]
+async fn a_route_whose_two_planes_both_refuse_a_rule_is_told_of_each() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let pool = proxy_pod("pool-secret").await;
+        let edge = proxy_pod("s3cr3t").await;
+        let older_pool = OlderProxy::start(pool.admin_addr()).await.expect("starts");
+        let older_edge = OlderProxy::start(edge.admin_addr()).await.expect("starts");
+        let public = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: public, namespace: tenant-a}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: www.example.com}]\n";
+        let more = [public.to_owned(), cors_route_on(&["edge", "public"])];
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| pool_beside(api, older_pool.addr(), older_edge.addr(), &more),
+            ApiServer::client,
+            beside_the_pool(false),
+        )
+        .await;
+        let cors = ("tenant-a", "cors");
+        let refused_by = |gateway: &str, pod: SocketAddr| {
+            let api = &t.api;
+            let gateway = gateway.to_owned();
+            async move {
+                eventually(&format!("{gateway}'s parent naming {pod}"), || {
+                    parent_condition(api, cors, &gateway, PROXY_CONFIG_PUSHED).filter(|c| {
+                        let message = c["message"].as_str().unwrap_or_default();
+                        c["reason"] == "RuleRefused"
+                            && message.contains(&pod.to_string())
+                            && message.contains("unknown variant `CORS`")
+                    })
+                })
+                .await
+            }
+        };
+        let on_edge = refused_by("edge", older_edge.addr()).await;
+        let on_public = refused_by("public", older_pool.addr()).await;
+        // Each parent names its own plane's pod only.
+        let names = |c: &Value, pod: SocketAddr| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&pod.to_string()))
+        };
+        assert!(!names(&on_edge, older_pool.addr()), "{on_edge}");
+        assert!(!names(&on_public, older_edge.addr()), "{on_public}");
+        eventually("one ProxyRuleRefused per plane", || {
+            (rule_refusals_told(&t.api) == 2).then_some(())
+        })
+        .await;
+        rounds_later(&t.health, 5).await;
+        assert_eq!(rule_refusals_told(&t.api), 2, "each told once");
+
+        // The pool's pod upgraded: its parent clears, the other still says what edge's pod
+        // refuses, and nothing more is told.
+        let mut slice = config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            pool.admin_addr().port(),
+            true,
+        );
+        slice["metadata"]["name"] = json!("cftunnel-proxy-x1");
+        t.api.put(slice);
+        eventually("the public parent cleared", || {
+            parent_condition(&t.api, cors, "public", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        rounds_later(&t.health, 5).await;
+        let said = |c: Value| (c["reason"].clone(), c["message"].clone());
+        assert_eq!(
+            parent_condition(&t.api, cors, "edge", PROXY_CONFIG_PUSHED).map(said),
+            Some(said(on_edge)),
+            "edge's plane still refuses"
+        );
+        assert_eq!(rule_refusals_told(&t.api), 2, "nothing more told");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A controller that takes over from one that told a route its Gateway's tunnel peer (the
+/// shared pool, on the same tunnel) refuses a rule keeps that refusal while the peer's pod
+/// has not answered (each call to it answered late), though the Gateway's own plane, which
+/// takes the rule, has: the peer is handed a share of the route's requests all the same.
+/// Once the peer refuses the rule again, nothing is told again.
+#[tokio::test]
+async fn a_new_leader_keeps_a_tunnel_peers_refusal_until_the_peer_answers() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let pool = proxy_pod("pool-secret").await;
+        let edge = proxy_pod("s3cr3t").await;
+        let older_pool = OlderProxy::start(pool.admin_addr()).await.expect("starts");
+        // Past a round's wait for its pushes: a new controller's first rounds hear nothing
+        // from the pool, and a late answer is no failure while it is not sustained.
+        let slow = support::slow_port(older_pool.addr(), Duration::from_millis(1200)).await;
+        let tune = |options: &mut RuntimeOptions| {
+            beside_the_pool(true)(options);
+            options.sustained_for = RuntimeOptions::default().sustained_for;
+        };
+        let mut t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| pool_beside(api, slow, edge.admin_addr(), &[cors_route_on(&["edge"])]),
+            ApiServer::client,
+            tune,
+        )
+        .await;
+        let cors = ("tenant-a", "cors");
+        let refused = eventually("edge's parent naming the pool's pod", || {
+            parent_condition(&t.api, cors, "edge", PROXY_CONFIG_PUSHED).filter(|c| {
+                c["reason"] == "RuleRefused"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(&slow.to_string()))
+            })
+        })
+        .await;
+        eventually("a ProxyRuleRefused Event", || {
+            (rule_refusals_told(&t.api) == 1).then_some(())
+        })
+        .await;
+
+        let said = |c: Value| (c["reason"].clone(), c["message"].clone());
+        let (dropped, _watching) = written_without(&t.api, "cors", "RuleRefused");
+        t.restart(tune).await;
+        // Rounds in which edge's plane answered and the pool not yet, then rounds past the
+        // pool's answer.
+        for _ in 0..2 {
+            rounds_later(&t.health, 5).await;
+            assert_eq!(
+                parent_condition(&t.api, cors, "edge", PROXY_CONFIG_PUSHED).map(said),
+                Some(said(refused.clone())),
+                "the peer's refusal stands"
+            );
+        }
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the route's status was written without the refusal"
+        );
+        assert_eq!(
+            rule_refusals_told(&t.api),
+            1,
+            "told once, by the first controller"
+        );
+        t.stop().await;
     })
     .await
     .expect("in time");
