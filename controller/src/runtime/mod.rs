@@ -596,13 +596,9 @@ struct Reconciler {
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed), with the plane ([`report::refused_rules`]).
     refused_rules: BTreeMap<translate::RouteKey, Vec<(PlaneKey, String)>>,
-    /// Planes whose outcome this round says all their pods refuse
-    /// ([`push::PlaneOutcome::refusals_known`]): only theirs is told, or taken as the pods'
-    /// answer.
-    refusals_known: HashSet<PlaneKey>,
-    /// Planes whose outcome this round says what some of their pods refuse
-    /// ([`push::PlaneOutcome::refusals_heard`]): theirs is told.
-    refusals_heard: HashSet<PlaneKey>,
+    /// What this round's outcomes say of what each plane's pods refuse: only what was heard
+    /// is told, and only what all of a plane's pods answered is taken as their answer.
+    refusal_answers: report::RefusalAnswers,
     /// What routes were told of their refused rules, by this process or an earlier leader.
     refusals_told: report::RefusalsTold,
     /// Routes told their plane's pods have not taken the config: an Event once per run of
@@ -981,8 +977,7 @@ impl Reconciler {
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
-            refusals_known: HashSet::new(),
-            refusals_heard: HashSet::new(),
+            refusal_answers: report::RefusalAnswers::default(),
             refusals_told: report::RefusalsTold::default(),
             push_failed_told: HashSet::new(),
             reported_routes: HashSet::new(),
@@ -1484,16 +1479,7 @@ impl Reconciler {
             }
         }
         self.refused_rules = report::refused_rules(&output, &outcomes);
-        self.refusals_known = outcomes
-            .iter()
-            .filter(|(_, outcome)| outcome.refusals_known)
-            .map(|(plane, _)| plane.clone())
-            .collect();
-        self.refusals_heard = outcomes
-            .iter()
-            .filter(|(_, outcome)| outcome.refusals_heard)
-            .map(|(plane, _)| plane.clone())
-            .collect();
+        self.refusal_answers = report::RefusalAnswers::of(&outcomes);
         if self.inherited_push_failures.is_none() {
             let told = self.planes_told_push_failed(snapshot, &output, &planes);
             self.inherited_push_failures = Some(told);

@@ -150,11 +150,13 @@ pub(super) enum Told {
         reason: &'static str,
         message: String,
     },
-    /// The rules of a route one plane's pods refused, by their [`refusal_key`]s.
+    /// The rules of a route one plane's pods refused, by their [`refusal_key`]s, and what was
+    /// told of that plane before (put back should the Event not go).
     RuleRefused {
         route: String,
         plane: PlaneKey,
         keys: RefusalKeys,
+        before: Option<RefusalKeys>,
     },
     /// A route's config push failing, once per run of failures.
     PushFailed { route: String },
@@ -616,8 +618,13 @@ impl Reconciler {
                     self.condition_told.remove(&key);
                 }
             }
-            Told::RuleRefused { route, plane, keys } => {
-                self.refusals_told.untell(&route, &plane, &keys);
+            Told::RuleRefused {
+                route,
+                plane,
+                keys,
+                before,
+            } => {
+                self.refusals_told.untell(&route, &plane, &keys, before);
             }
             Told::PushFailed { route } => {
                 self.push_failed_told.remove(&route);
@@ -1117,8 +1124,7 @@ impl Reconciler {
             let untold = self.refusals_told.untold(
                 &told_key,
                 refused,
-                &self.refusals_heard,
-                &self.refusals_known,
+                &self.refusal_answers,
                 meta.generation,
             );
             for (plane, keys) in untold {
@@ -1127,6 +1133,7 @@ impl Reconciler {
                     route: told_key.clone(),
                     plane: plane.clone(),
                     keys: keys.clone(),
+                    before: self.refusals_told.told(&told_key, &plane).cloned(),
                 };
                 let event = self.event(
                     &regarding,
@@ -2158,6 +2165,35 @@ fn refusal_planes(
 /// as a set, so a refusal is the same whatever order its rules were found in.
 pub(super) type RefusalKeys = BTreeSet<String>;
 
+/// What a round's push outcomes say of what each plane's pods refuse: how much of it the
+/// round heard decides what may be told and what taken back.
+#[derive(Default)]
+pub(super) struct RefusalAnswers {
+    /// Planes every pod of which answered ([`push::PlaneOutcome::refusals_known`]): what they
+    /// refuse is all of it.
+    pub(super) known: HashSet<PlaneKey>,
+    /// Planes some pod of which answered ([`push::PlaneOutcome::refusals_heard`]): what they
+    /// refuse is some of it.
+    pub(super) heard: HashSet<PlaneKey>,
+}
+
+impl RefusalAnswers {
+    /// What `outcomes`, a round's, say.
+    pub(super) fn of(outcomes: &[(PlaneKey, push::PlaneOutcome)]) -> Self {
+        let planes = |said: fn(&push::PlaneOutcome) -> bool| {
+            outcomes
+                .iter()
+                .filter(|(_, outcome)| said(outcome))
+                .map(|(plane, _)| plane.clone())
+                .collect()
+        };
+        Self {
+            known: planes(|o| o.refusals_known),
+            heard: planes(|o| o.refusals_heard),
+        }
+    }
+}
+
 /// What routes were told of the rules proxy pods refused: per route and plane, so a route
 /// carried by several planes is told what each refuses as that plane's pods answer, and what
 /// one plane's pods take again is forgotten without waiting for the others.
@@ -2172,7 +2208,8 @@ pub(super) struct RefusalsTold {
 /// What one route was told of its refused rules.
 #[derive(Default)]
 struct RouteRefusals {
-    /// Per plane: the refusal its pods made that this process told, or took as told.
+    /// Per plane: what its pods refuse that this process told (the union of what rounds some
+    /// of its pods answered found), or took as told.
     told: BTreeMap<PlaneKey, RefusalKeys>,
     /// What an earlier leader told, as the route's status said at this process's first report
     /// on it: each kept for the planes it names until they answer this process's pushes.
@@ -2251,22 +2288,22 @@ impl RefusalsTold {
     /// earlier leader (whose word on a plane is taken in, and so used up, once that plane's
     /// pods answer).
     ///
-    /// A plane whose round knows all its pods refuse (`known`,
-    /// [`push::PlaneOutcome::refusals_known`]) refusing none of the route's rules takes back
-    /// what it was told: a refusal it makes later is told again. One whose round heard from
-    /// some of its pods only (`heard`, [`push::PlaneOutcome::refusals_heard`]: another pod
-    /// failing, say) tells what they refuse, and takes nothing back; an earlier leader's word
-    /// on it waits for all its pods, as what some say may be part of it. Any other plane (a
-    /// round cut off, no pod answering, an outcome of an earlier document) is neither told nor
-    /// taken back.
+    /// A plane whose round knows all its pods refuse (`answers.known`) refusing none of the
+    /// route's rules takes back what it was told: a refusal it makes later is told again. One
+    /// whose round heard from some of its pods only (`answers.heard`: another pod failing,
+    /// say) tells what they refuse beyond what was told of it (by this process, or by an
+    /// earlier leader of the route at `generation`), recorded as the union of the two, and
+    /// takes nothing back; what they refuse within an earlier leader's word leaves the word
+    /// waiting for all its pods. Any other plane (a round cut off, no pod answering, an
+    /// outcome of an earlier document) is neither told nor taken back.
     pub(super) fn untold(
         &mut self,
         route: &str,
         refused: &[(PlaneKey, String)],
-        heard: &HashSet<PlaneKey>,
-        known: &HashSet<PlaneKey>,
+        answers: &RefusalAnswers,
         generation: Option<i64>,
     ) -> Vec<(PlaneKey, RefusalKeys)> {
+        let (heard, known) = (&answers.heard, &answers.known);
         let mut refusing: BTreeMap<&PlaneKey, RefusalKeys> = BTreeMap::new();
         for (plane, said) in refused {
             refusing.entry(plane).or_default().insert(refusal_key(said));
@@ -2285,11 +2322,24 @@ impl RefusalsTold {
         }
         let mut untold = Vec::new();
         for (plane, keys) in refusing {
-            let inherited = told
-                .before
+            // What was told of the plane: by this process, and by an earlier leader of the
+            // route as it is.
+            let mut word = None;
+            for before in told.before.iter().filter(|b| b.generation == generation) {
+                if before.planes.contains(plane) {
+                    let keys = before.keys.get(plane).into_iter().flatten().cloned();
+                    word.get_or_insert_with(RefusalKeys::new).extend(keys);
+                }
+            }
+            let said: RefusalKeys = word
                 .iter()
-                .any(|b| b.generation == generation && b.planes.contains(plane));
-            if inherited && !known.contains(plane) {
+                .flatten()
+                .chain(told.told.get(plane).into_iter().flatten())
+                .cloned()
+                .collect();
+            let all_heard = known.contains(plane);
+            if !all_heard && word.is_some() && keys.is_subset(&said) {
+                // Some pods saying part of an earlier leader's word: it waits for all of them.
                 continue;
             }
             let mut told_before = false;
@@ -2299,23 +2349,16 @@ impl RefusalsTold {
                         before.generation == generation && before.keys.get(plane) == Some(&keys);
                 }
             }
-            let told_now = told.told.get(plane);
             if told_before {
                 told.told.insert(plane.clone(), keys);
-            } else if known.contains(plane) {
-                if told_now != Some(&keys) {
+            } else if all_heard {
+                if told.told.get(plane) != Some(&keys) {
                     untold.push((plane.clone(), keys));
                 }
-            } else if !told_now.is_some_and(|told_now| keys.is_subset(told_now)) {
+            } else if !keys.is_subset(&said) {
                 // Heard from some pods only: what they refuse beyond what was told is told,
                 // beside it; nothing is taken back.
-                let keys = told_now
-                    .into_iter()
-                    .flatten()
-                    .cloned()
-                    .chain(keys)
-                    .collect();
-                untold.push((plane.clone(), keys));
+                untold.push((plane.clone(), said.into_iter().chain(keys).collect()));
             }
         }
         told.before.retain(|before| !before.planes.is_empty());
@@ -2331,11 +2374,35 @@ impl RefusalsTold {
         told.told.insert(plane.clone(), keys);
     }
 
-    /// Forgets that `route` was told `keys` of `plane`, unless told something since.
-    fn untell(&mut self, route: &str, plane: &PlaneKey, keys: &RefusalKeys) {
-        if let Some(told) = self.routes.get_mut(route) {
-            if told.told.get(plane) == Some(keys) {
+    /// What `route` was told of what `plane`'s pods refuse.
+    pub(super) fn told(&self, route: &str, plane: &PlaneKey) -> Option<&RefusalKeys> {
+        self.routes.get(route)?.told.get(plane)
+    }
+
+    /// Forgets that `route` was told `keys` of `plane`, unless told something since: what it
+    /// was told before, `before`, stands again.
+    fn untell(
+        &mut self,
+        route: &str,
+        plane: &PlaneKey,
+        keys: &RefusalKeys,
+        before: Option<RefusalKeys>,
+    ) {
+        let Some(told) = self.routes.get_mut(route) else {
+            return;
+        };
+        if told.told.get(plane) != Some(keys) {
+            return;
+        }
+        match before {
+            Some(before) => {
+                told.told.insert(plane.clone(), before);
+            }
+            None => {
                 told.told.remove(plane);
+                if told.told.is_empty() && told.before.is_empty() {
+                    self.routes.remove(route);
+                }
             }
         }
     }

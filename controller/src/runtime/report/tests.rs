@@ -385,6 +385,15 @@ fn told_of_both(told: &mut RefusalsTold, generation: i64) {
     );
 }
 
+/// A round's answers: the planes some pod of which answered (`heard`), and those every pod
+/// of which did (`known`).
+fn answers(heard: &HashSet<PlaneKey>, known: &HashSet<PlaneKey>) -> RefusalAnswers {
+    RefusalAnswers {
+        heard: heard.clone(),
+        known: known.clone(),
+    }
+}
+
 /// The planes [`RefusalsTold::untold`] tells of, this round: `refused` with every plane in
 /// `answered` answering and none cut off.
 fn untold(
@@ -394,10 +403,15 @@ fn untold(
     generation: i64,
 ) -> Vec<PlaneKey> {
     let answered = answered.iter().map(|&p| p.clone()).collect();
-    told.untold(ROUTE, refused, &answered, &answered, Some(generation))
-        .into_iter()
-        .map(|(plane, _)| plane)
-        .collect()
+    told.untold(
+        ROUTE,
+        refused,
+        &answers(&answered, &answered),
+        Some(generation),
+    )
+    .into_iter()
+    .map(|(plane, _)| plane)
+    .collect()
 }
 
 /// Tells the route what [`RefusalsTold::untold`] says to, as the report does once each
@@ -413,7 +427,7 @@ fn tell(
         .filter(|p| !cut_off.contains(p))
         .map(|&p| p.clone())
         .collect();
-    let untold = told.untold(ROUTE, refused, &known, &known, Some(4));
+    let untold = told.untold(ROUTE, refused, &answers(&known, &known), Some(4));
     untold
         .into_iter()
         .map(|(plane, keys)| {
@@ -727,16 +741,19 @@ fn a_plane_some_of_whose_pods_answer_tells_what_they_refuse_and_takes_nothing_ba
     let none = HashSet::new();
     let said = refusal("10.0.0.5:8081", &shared, 1);
     let refused = [(shared.clone(), said)];
-    let untold = told.untold(ROUTE, &refused, &heard, &none, Some(4));
+    let untold = told.untold(ROUTE, &refused, &answers(&heard, &none), Some(4));
     assert_eq!(untold.len(), 1, "told though another pod fails");
     for (plane, keys) in untold {
         told.took(ROUTE, &plane, keys);
     }
     // The pod that refused does not answer this round, the other does: nothing taken back.
-    assert!(told.untold(ROUTE, &[], &heard, &none, Some(4)).is_empty());
+    assert!(told
+        .untold(ROUTE, &[], &answers(&heard, &none), Some(4))
+        .is_empty());
     let all = HashSet::from([shared.clone()]);
     assert!(
-        told.untold(ROUTE, &refused, &all, &all, Some(4)).is_empty(),
+        told.untold(ROUTE, &refused, &answers(&all, &all), Some(4))
+            .is_empty(),
         "told once"
     );
 }
@@ -747,23 +764,24 @@ fn a_plane_some_of_whose_pods_answer_tells_what_they_refuse_and_takes_nothing_ba
 fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
     let shared = PlaneKey::Shared;
     let mut told = RefusalsTold::default();
-    told_of_both(&mut told, 4);
+    let word = [
+        refusal("10.0.0.5:8081", &shared, 1),
+        refusal_of(1, "10.0.0.5:8081", &shared, 2),
+    ];
+    told_before(&mut told, 4, &word);
     let heard = HashSet::from([shared.clone()]);
-    // Some pods answer, saying other than what was told (the rest, failing, may say more).
-    let some = refusal("10.0.0.5:8081", &shared, 1).replace("cors", "mirror");
+    // Some pods answer, saying part of what was told (the rest, failing, may say the rest).
+    let part = [(shared.clone(), word[0].clone())];
     assert!(told
-        .untold(
-            ROUTE,
-            &[(shared.clone(), some)],
-            &heard,
-            &HashSet::new(),
-            Some(4)
-        )
+        .untold(ROUTE, &part, &answers(&heard, &HashSet::new()), Some(4))
         .is_empty());
-    let said = refusal("10.0.0.5:8081", &shared, 1);
-    let refused = [(shared.clone(), said)];
     assert!(
-        told.untold(ROUTE, &refused, &heard, &heard, Some(4))
+        told.inherited(ROUTE, &parent(), Some(4)).is_some(),
+        "the word holds"
+    );
+    let refused = word.map(|said| (shared.clone(), said));
+    assert!(
+        told.untold(ROUTE, &refused, &answers(&heard, &heard), Some(4))
             .is_empty(),
         "the earlier leader's word still there, and taken"
     );
@@ -781,17 +799,20 @@ fn a_round_some_pods_answer_tells_only_what_is_beyond_what_was_told() {
     let third = first.replace("cors", "teleport");
     let both = [(shared.clone(), first.clone()), (shared.clone(), second)];
     let mut told = RefusalsTold::default();
-    for (plane, keys) in told.untold(ROUTE, &both, &all, &all, Some(4)) {
+    for (plane, keys) in told.untold(ROUTE, &both, &answers(&all, &all), Some(4)) {
         told.took(ROUTE, &plane, keys);
     }
     let part = [(shared.clone(), first.clone())];
-    assert!(told.untold(ROUTE, &part, &all, &none, Some(4)).is_empty());
+    assert!(told
+        .untold(ROUTE, &part, &answers(&all, &none), Some(4))
+        .is_empty());
     assert!(
-        told.untold(ROUTE, &both, &all, &all, Some(4)).is_empty(),
+        told.untold(ROUTE, &both, &answers(&all, &all), Some(4))
+            .is_empty(),
         "nothing taken back"
     );
     let more = [(shared.clone(), first), (shared.clone(), third)];
-    let untold = told.untold(ROUTE, &more, &all, &none, Some(4));
+    let untold = told.untold(ROUTE, &more, &answers(&all, &none), Some(4));
     assert_eq!(untold.len(), 1);
     assert_eq!(
         untold[0].1.len(),
@@ -808,6 +829,79 @@ fn an_earlier_leaders_word_of_another_generation_holds_back_no_event() {
     told_of_both(&mut told, 4);
     let heard = HashSet::from([shared.clone()]);
     let said = refusal("10.0.0.5:8081", &shared, 1);
-    let untold = told.untold(ROUTE, &[(shared, said)], &heard, &HashSet::new(), Some(5));
+    let untold = told.untold(
+        ROUTE,
+        &[(shared, said)],
+        &answers(&heard, &HashSet::new()),
+        Some(5),
+    );
     assert_eq!(untold.len(), 1, "{untold:?}");
+}
+
+/// After failover, some of a plane's pods refusing more than an earlier leader told of the
+/// route as it is: the whole is told once, beside the word, which no longer holds the
+/// condition; the round every pod answers with the same tells nothing more.
+#[test]
+fn some_pods_refusing_beyond_an_earlier_leaders_word_are_told_beside_it() {
+    let shared = PlaneKey::Shared;
+    let mut told = RefusalsTold::default();
+    let first = refusal("10.0.0.5:8081", &shared, 1);
+    told_before(&mut told, 4, std::slice::from_ref(&first));
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
+    let heard = HashSet::from([shared.clone()]);
+    let both = [
+        (shared.clone(), first),
+        (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2)),
+    ];
+    let untold = told.untold(ROUTE, &both, &answers(&heard, &HashSet::new()), Some(4));
+    assert_eq!(untold.len(), 1, "{untold:?}");
+    assert_eq!(untold[0].1.len(), 2, "told beside the word: {untold:?}");
+    for (plane, keys) in untold {
+        told.took(ROUTE, &plane, keys);
+    }
+    assert!(
+        told.inherited(ROUTE, &parent(), Some(4)).is_none(),
+        "the condition says what this process heard"
+    );
+    assert!(told
+        .untold(ROUTE, &both, &answers(&heard, &heard), Some(4))
+        .is_empty());
+}
+
+/// An Event that does not go out puts back what was told before it: the part told earlier is
+/// not told again, the part it carried is.
+#[test]
+fn an_event_not_sent_leaves_what_was_told_before_it() {
+    let shared = PlaneKey::Shared;
+    let all = HashSet::from([shared.clone()]);
+    let none = HashSet::new();
+    let first = (shared.clone(), refusal("10.0.0.5:8081", &shared, 1));
+    let second = (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2));
+    let mut told = RefusalsTold::default();
+    for (plane, keys) in told.untold(
+        ROUTE,
+        std::slice::from_ref(&first),
+        &answers(&all, &all),
+        Some(4),
+    ) {
+        told.took(ROUTE, &plane, keys);
+    }
+    let earlier = told.told(ROUTE, &shared).cloned();
+    let both = [first.clone(), second];
+    let untold = told.untold(ROUTE, &both, &answers(&all, &none), Some(4));
+    assert_eq!(untold.len(), 1);
+    let (plane, keys) = untold.into_iter().next().expect("one");
+    told.took(ROUTE, &plane, keys.clone());
+    told.untell(ROUTE, &plane, &keys, earlier);
+    assert!(
+        told.untold(ROUTE, &[first], &answers(&all, &all), Some(4))
+            .is_empty(),
+        "what was told before stands"
+    );
+    assert_eq!(
+        told.untold(ROUTE, &both, &answers(&all, &all), Some(4))
+            .len(),
+        1,
+        "what the Event carried is told again"
+    );
 }
