@@ -5929,6 +5929,85 @@ async fn more_refusals_than_a_round_leaves_out(routes: usize, rules: usize) {
     .expect("in time");
 }
 
+/// A pool of two pods, one of an earlier release refusing the CORS rule and one whose config
+/// port closes every connection (up and serving all the same): what the one that answers
+/// refuses is told, once, through rounds the other fails; the other coming back and taking the
+/// rule tells nothing more; the refusing pod upgraded, the refusal goes.
+#[tokio::test]
+async fn a_refusal_some_pods_of_the_plane_make_is_told_while_another_fails() {
+    use std::sync::atomic::AtomicBool;
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (echo, pool, older) = older_pool().await;
+        let open = Arc::new(AtomicBool::new(false));
+        let gate = support::gated_port(pool.admin_addr(), Arc::clone(&open)).await;
+        let api = pool_api(
+            older.addr(),
+            echo.http_addr(),
+            &format!("---\n{CORS_ROUTE}"),
+        )
+        .await;
+        let mut other = config_slice("cftunnel-system", "cftunnel-proxy", gate.port(), true);
+        other["metadata"]["name"] = json!("cftunnel-proxy-p2");
+        api.put(other);
+        let (stop, controller, health) = pool_controller(&api);
+        let refused = cors_refused_and_told(&api).await;
+        assert!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&older.addr().to_string())),
+            "{refused}"
+        );
+        eventually("pushes to the other pod failing", || {
+            (push_failures(&health, "shared") >= 3).then_some(())
+        })
+        .await;
+        rounds_later(&health, 5).await;
+        assert_eq!(
+            rule_refusals_told(&api),
+            1,
+            "told once while the other pod fails"
+        );
+
+        // The other pod answers, taking the rule: the plane's pods, all heard, refuse what
+        // was told.
+        open.store(true, Ordering::SeqCst);
+        let failures = push_failures(&health, "shared");
+        rounds_later(&health, 5).await;
+        assert_eq!(
+            push_failures(&health, "shared"),
+            failures,
+            "the other pod answers"
+        );
+        let said = |c: Value| (c["reason"].clone(), c["message"].clone());
+        assert_eq!(
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).map(said),
+            Some(said(refused)),
+            "the refusal stands"
+        );
+        assert_eq!(rule_refusals_told(&api), 1, "nothing told again");
+
+        // The refusing pod upgraded: the refusal goes.
+        let mut slice = config_slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            pool.admin_addr().port(),
+            true,
+        );
+        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        api.put(slice);
+        eventually("the refusal gone", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert_eq!(rule_refusals_told(&api), 1);
+        stop_controller(stop, controller).await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The pod that refused a rule replaced by one whose config port does not answer yet: the
 /// round that pushes to it hears nothing of what the pods refuse, so the refusal stands (the
 /// route's status keeps it); once the new pod answers, refusing the rule too, it is the same
