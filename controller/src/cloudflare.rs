@@ -1081,6 +1081,11 @@ impl TunnelSync {
             .map(|synced| synced == Synced::Wrote)
     }
 
+    /// Whether read back number `n` of `tunnel` is the one still outstanding for it.
+    fn reading(&self, &(tunnel, n): &(Uuid, u64)) -> bool {
+        self.read_backs.running(&tunnel) == Some(&n.to_be_bytes()[..])
+    }
+
     /// [`TunnelSync::sync`] for several tunnels at once: an API call that hangs for one tunnel
     /// does not hold up the others. A write still running when the call stops waiting goes on;
     /// meanwhile its tunnel answers with the writer's last failure, if its last write failed,
@@ -1109,7 +1114,7 @@ impl TunnelSync {
             .map(|mut ended| std::mem::take(&mut *ended))
             .unwrap_or_default()
             .into_iter()
-            .filter(|(tunnel, n)| self.read_backs.running(tunnel) == Some(&n.to_be_bytes()[..]))
+            .filter(|read| self.reading(read))
             .collect();
         let tunnels: Vec<Uuid> = ended.iter().map(|(tunnel, _)| *tunnel).collect();
         let read = self.read_backs.finished_by(&tunnels, deadline).await;
@@ -1117,7 +1122,7 @@ impl TunnelSync {
         // Those the deadline cut short stay listed for the next call.
         let unread: Vec<(Uuid, u64)> = ended
             .into_iter()
-            .filter(|(tunnel, n)| self.read_backs.running(tunnel) == Some(&n.to_be_bytes()[..]))
+            .filter(|read| self.reading(read))
             .collect();
         if !unread.is_empty() {
             if let Ok(mut listed) = self.reads_ended.lock() {
