@@ -596,7 +596,9 @@ impl Reconciler {
     /// ([`Reconciler::untell`]): should this reconciler carry on in the same term, its next
     /// round makes them again.
     pub(super) fn abort_reports(&mut self) {
-        // Newest first: of a Gateway's `ProxyProvisioned`s dropped, the newest note is kept.
+        // Newest first: of a Gateway's `ProxyProvisioned`s dropped, the newest note is kept;
+        // of a route's `ProxyRuleRefused`s, each puts back what was told before it, so the
+        // oldest's is what stands.
         for told in self.status_writes.abort_all().into_iter().rev() {
             self.untell(told);
         }
@@ -880,6 +882,35 @@ impl Reconciler {
                     .collect();
                 self.refusals_told.inherit(&told_key, told);
             }
+            // The refusals of the route's rules, per plane: an Event when what a plane's pods
+            // refuse changes, and none for what an earlier leader told of the route as it is.
+            // Of the planes whose refusals some parent's condition shows. Weighed before the
+            // conditions are, which show what an earlier leader told only while it stands.
+            let shown: BTreeSet<&PlaneKey> = ours
+                .iter()
+                .filter(|parent| {
+                    parent
+                        .condition(ConditionType::Accepted)
+                        .is_some_and(|c| c.status)
+                })
+                .filter_map(|parent| self.serving_plane(output, planes, &parent.parent_ref))
+                .flat_map(|plane| planes_serving(plane, planes, &self.push_failures))
+                .collect();
+            let refused: Vec<(PlaneKey, String)> = self
+                .refused_rules
+                .get(&route_key)
+                .into_iter()
+                .flatten()
+                .filter(|(plane, _)| shown.contains(plane))
+                .cloned()
+                .collect();
+            let refused = refused.as_slice();
+            let untold = self.refusals_told.untold(
+                &told_key,
+                refused,
+                &self.refusal_answers,
+                meta.generation,
+            );
             let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
                 let Some(parent) = ours.get(i) else { return };
                 let accepted = parent
@@ -1099,41 +1130,18 @@ impl Reconciler {
                     }
                 }
             }
-            // The refusals of the route's rules, per plane: an Event when what a plane's pods
-            // refuse changes, and none for what an earlier leader told of the route as it is.
-            // Of the planes whose refusals some parent's condition shows.
-            let shown: BTreeSet<&PlaneKey> = ours
-                .iter()
-                .filter(|parent| {
-                    parent
-                        .condition(ConditionType::Accepted)
-                        .is_some_and(|c| c.status)
-                })
-                .filter_map(|parent| self.serving_plane(output, planes, &parent.parent_ref))
-                .flat_map(|plane| planes_serving(plane, planes, &self.push_failures))
-                .collect();
-            let refused: Vec<(PlaneKey, String)> = self
-                .refused_rules
-                .get(&route_key)
-                .into_iter()
-                .flatten()
-                .filter(|(plane, _)| shown.contains(plane))
-                .cloned()
-                .collect();
-            let refused = refused.as_slice();
-            let untold = self.refusals_told.untold(
-                &told_key,
-                refused,
-                &self.refusal_answers,
-                meta.generation,
-            );
-            for (plane, keys) in untold {
+            for Untold {
+                plane,
+                keys,
+                before,
+            } in untold
+            {
                 let note = refusals_of(refused, &[&plane]).unwrap_or_default();
                 let told = Told::RuleRefused {
                     route: told_key.clone(),
                     plane: plane.clone(),
                     keys: keys.clone(),
-                    before: self.refusals_told.told(&told_key, &plane).cloned(),
+                    before: before.clone(),
                 };
                 let event = self.event(
                     &regarding,
@@ -1145,6 +1153,9 @@ impl Reconciler {
                 );
                 if self.status_writes.event(event) {
                     self.refusals_told.took(&told_key, &plane, keys);
+                } else if let Some(before) = before {
+                    // Made again in a later round; what was told before it stays told.
+                    self.refusals_told.took(&told_key, &plane, before);
                 }
             }
             match failed_now {
@@ -2194,6 +2205,17 @@ impl RefusalAnswers {
     }
 }
 
+/// A refusal [`RefusalsTold::untold`] says to tell a route.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Untold {
+    pub(super) plane: PlaneKey,
+    /// What the plane's pods refuse, as it is recorded once told.
+    pub(super) keys: RefusalKeys,
+    /// What was told of the plane before (`None`: nothing), by this process or an earlier
+    /// leader: still told should the Event not go.
+    pub(super) before: Option<RefusalKeys>,
+}
+
 /// What routes were told of the rules proxy pods refused: per route and plane, so a route
 /// carried by several planes is told what each refuses as that plane's pods answer, and what
 /// one plane's pods take again is forgotten without waiting for the others.
@@ -2294,15 +2316,16 @@ impl RefusalsTold {
     /// say) tells what they refuse beyond what was told of it (by this process, or by an
     /// earlier leader of the route at `generation`), recorded as the union of the two, and
     /// takes nothing back; what they refuse within an earlier leader's word leaves the word
-    /// waiting for all its pods. Any other plane (a round cut off, no pod answering, an
-    /// outcome of an earlier document) is neither told nor taken back.
+    /// waiting for all its pods, and beyond it takes the word in whole as told, so that it no
+    /// longer stands for the condition. Any other plane (a round cut off, no pod answering,
+    /// an outcome of an earlier document) is neither told nor taken back.
     pub(super) fn untold(
         &mut self,
         route: &str,
         refused: &[(PlaneKey, String)],
         answers: &RefusalAnswers,
         generation: Option<i64>,
-    ) -> Vec<(PlaneKey, RefusalKeys)> {
+    ) -> Vec<Untold> {
         let (heard, known) = (&answers.heard, &answers.known);
         let mut refusing: BTreeMap<&PlaneKey, RefusalKeys> = BTreeMap::new();
         for (plane, said) in refused {
@@ -2312,7 +2335,11 @@ impl RefusalsTold {
         let Some(told) = self.routes.get_mut(route) else {
             return refusing
                 .into_iter()
-                .map(|(plane, keys)| (plane.clone(), keys))
+                .map(|(plane, keys)| Untold {
+                    plane: plane.clone(),
+                    keys,
+                    before: None,
+                })
                 .collect();
         };
         let taken = |plane: &PlaneKey| known.contains(plane) && !refusing.contains_key(plane);
@@ -2338,10 +2365,25 @@ impl RefusalsTold {
                 .cloned()
                 .collect();
             let all_heard = known.contains(plane);
-            if !all_heard && word.is_some() && keys.is_subset(&said) {
+            let beyond = !keys.is_subset(&said);
+            if !all_heard && word.is_some() && !beyond {
                 // Some pods saying part of an earlier leader's word: it waits for all of them.
                 continue;
             }
+            if !all_heard && beyond {
+                // Some pods saying more than was told: from now on the route is told what this
+                // process hears, and the earlier leaders' words naming the plane, whole, count
+                // as told.
+                let words = told.before.iter_mut();
+                for word in words.filter(|w| w.generation == generation && w.planes.contains(plane))
+                {
+                    for named in std::mem::take(&mut word.planes) {
+                        let keys = word.keys.get(&named).into_iter().flatten().cloned();
+                        told.told.entry(named).or_default().extend(keys);
+                    }
+                }
+            }
+            let before = (!said.is_empty()).then(|| said.clone());
             let mut told_before = false;
             for before in &mut told.before {
                 if before.planes.remove(plane) {
@@ -2353,12 +2395,20 @@ impl RefusalsTold {
                 told.told.insert(plane.clone(), keys);
             } else if all_heard {
                 if told.told.get(plane) != Some(&keys) {
-                    untold.push((plane.clone(), keys));
+                    untold.push(Untold {
+                        plane: plane.clone(),
+                        keys,
+                        before,
+                    });
                 }
-            } else if !keys.is_subset(&said) {
+            } else if beyond {
                 // Heard from some pods only: what they refuse beyond what was told is told,
                 // beside it; nothing is taken back.
-                untold.push((plane.clone(), said.into_iter().chain(keys).collect()));
+                untold.push(Untold {
+                    plane: plane.clone(),
+                    keys: said.into_iter().chain(keys).collect(),
+                    before,
+                });
             }
         }
         told.before.retain(|before| !before.planes.is_empty());
@@ -2372,11 +2422,6 @@ impl RefusalsTold {
     pub(super) fn took(&mut self, route: &str, plane: &PlaneKey, keys: RefusalKeys) {
         let told = self.routes.entry(route.to_owned()).or_default();
         told.told.insert(plane.clone(), keys);
-    }
-
-    /// What `route` was told of what `plane`'s pods refuse.
-    pub(super) fn told(&self, route: &str, plane: &PlaneKey) -> Option<&RefusalKeys> {
-        self.routes.get(route)?.told.get(plane)
     }
 
     /// Forgets that `route` was told `keys` of `plane`, unless told something since: what it

@@ -385,12 +385,19 @@ fn told_of_both(told: &mut RefusalsTold, generation: i64) {
     );
 }
 
-/// A round's answers: the planes some pod of which answered (`heard`), and those every pod
-/// of which did (`known`).
-fn answers(heard: &HashSet<PlaneKey>, known: &HashSet<PlaneKey>) -> RefusalAnswers {
+/// A round every pod of `planes` answered.
+fn all_answered(planes: &HashSet<PlaneKey>) -> RefusalAnswers {
     RefusalAnswers {
-        heard: heard.clone(),
-        known: known.clone(),
+        heard: planes.clone(),
+        known: planes.clone(),
+    }
+}
+
+/// A round some pods of `planes` answered, others failing.
+fn some_answered(planes: &HashSet<PlaneKey>) -> RefusalAnswers {
+    RefusalAnswers {
+        heard: planes.clone(),
+        known: HashSet::new(),
     }
 }
 
@@ -403,15 +410,10 @@ fn untold(
     generation: i64,
 ) -> Vec<PlaneKey> {
     let answered = answered.iter().map(|&p| p.clone()).collect();
-    told.untold(
-        ROUTE,
-        refused,
-        &answers(&answered, &answered),
-        Some(generation),
-    )
-    .into_iter()
-    .map(|(plane, _)| plane)
-    .collect()
+    told.untold(ROUTE, refused, &all_answered(&answered), Some(generation))
+        .into_iter()
+        .map(|untold| untold.plane)
+        .collect()
 }
 
 /// Tells the route what [`RefusalsTold::untold`] says to, as the report does once each
@@ -427,10 +429,10 @@ fn tell(
         .filter(|p| !cut_off.contains(p))
         .map(|&p| p.clone())
         .collect();
-    let untold = told.untold(ROUTE, refused, &answers(&known, &known), Some(4));
+    let untold = told.untold(ROUTE, refused, &all_answered(&known), Some(4));
     untold
         .into_iter()
-        .map(|(plane, keys)| {
+        .map(|Untold { plane, keys, .. }| {
             told.took(ROUTE, &plane, keys);
             plane
         })
@@ -738,21 +740,20 @@ fn a_plane_some_of_whose_pods_answer_tells_what_they_refuse_and_takes_nothing_ba
     let shared = PlaneKey::Shared;
     let mut told = RefusalsTold::default();
     let heard = HashSet::from([shared.clone()]);
-    let none = HashSet::new();
     let said = refusal("10.0.0.5:8081", &shared, 1);
     let refused = [(shared.clone(), said)];
-    let untold = told.untold(ROUTE, &refused, &answers(&heard, &none), Some(4));
+    let untold = told.untold(ROUTE, &refused, &some_answered(&heard), Some(4));
     assert_eq!(untold.len(), 1, "told though another pod fails");
-    for (plane, keys) in untold {
+    for Untold { plane, keys, .. } in untold {
         told.took(ROUTE, &plane, keys);
     }
     // The pod that refused does not answer this round, the other does: nothing taken back.
     assert!(told
-        .untold(ROUTE, &[], &answers(&heard, &none), Some(4))
+        .untold(ROUTE, &[], &some_answered(&heard), Some(4))
         .is_empty());
     let all = HashSet::from([shared.clone()]);
     assert!(
-        told.untold(ROUTE, &refused, &answers(&all, &all), Some(4))
+        told.untold(ROUTE, &refused, &all_answered(&all), Some(4))
             .is_empty(),
         "told once"
     );
@@ -773,7 +774,7 @@ fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
     // Some pods answer, saying part of what was told (the rest, failing, may say the rest).
     let part = [(shared.clone(), word[0].clone())];
     assert!(told
-        .untold(ROUTE, &part, &answers(&heard, &HashSet::new()), Some(4))
+        .untold(ROUTE, &part, &some_answered(&heard), Some(4))
         .is_empty());
     assert!(
         told.inherited(ROUTE, &parent(), Some(4)).is_some(),
@@ -781,7 +782,7 @@ fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
     );
     let refused = word.map(|said| (shared.clone(), said));
     assert!(
-        told.untold(ROUTE, &refused, &answers(&heard, &heard), Some(4))
+        told.untold(ROUTE, &refused, &all_answered(&heard), Some(4))
             .is_empty(),
         "the earlier leader's word still there, and taken"
     );
@@ -793,29 +794,28 @@ fn an_earlier_leaders_word_waits_for_every_pod_of_the_plane() {
 fn a_round_some_pods_answer_tells_only_what_is_beyond_what_was_told() {
     let shared = PlaneKey::Shared;
     let all = HashSet::from([shared.clone()]);
-    let none = HashSet::new();
     let first = refusal("10.0.0.5:8081", &shared, 1);
     let second = first.replace("cors", "mirror");
     let third = first.replace("cors", "teleport");
     let both = [(shared.clone(), first.clone()), (shared.clone(), second)];
     let mut told = RefusalsTold::default();
-    for (plane, keys) in told.untold(ROUTE, &both, &answers(&all, &all), Some(4)) {
+    for Untold { plane, keys, .. } in told.untold(ROUTE, &both, &all_answered(&all), Some(4)) {
         told.took(ROUTE, &plane, keys);
     }
     let part = [(shared.clone(), first.clone())];
     assert!(told
-        .untold(ROUTE, &part, &answers(&all, &none), Some(4))
+        .untold(ROUTE, &part, &some_answered(&all), Some(4))
         .is_empty());
     assert!(
-        told.untold(ROUTE, &both, &answers(&all, &all), Some(4))
+        told.untold(ROUTE, &both, &all_answered(&all), Some(4))
             .is_empty(),
         "nothing taken back"
     );
     let more = [(shared.clone(), first), (shared.clone(), third)];
-    let untold = told.untold(ROUTE, &more, &answers(&all, &none), Some(4));
+    let untold = told.untold(ROUTE, &more, &some_answered(&all), Some(4));
     assert_eq!(untold.len(), 1);
     assert_eq!(
-        untold[0].1.len(),
+        untold[0].keys.len(),
         3,
         "told beside what was told: {untold:?}"
     );
@@ -829,79 +829,121 @@ fn an_earlier_leaders_word_of_another_generation_holds_back_no_event() {
     told_of_both(&mut told, 4);
     let heard = HashSet::from([shared.clone()]);
     let said = refusal("10.0.0.5:8081", &shared, 1);
-    let untold = told.untold(
-        ROUTE,
-        &[(shared, said)],
-        &answers(&heard, &HashSet::new()),
-        Some(5),
-    );
+    let untold = told.untold(ROUTE, &[(shared, said)], &some_answered(&heard), Some(5));
     assert_eq!(untold.len(), 1, "{untold:?}");
 }
 
 /// After failover, some of a plane's pods refusing more than an earlier leader told of the
-/// route as it is: the whole is told once, beside the word, which no longer holds the
-/// condition; the round every pod answers with the same tells nothing more.
+/// route as it is: told once, beside the word (kept as told, though the pod that refused it
+/// does not answer), which no longer holds the condition; the round every pod answers with the
+/// two tells nothing more.
 #[test]
 fn some_pods_refusing_beyond_an_earlier_leaders_word_are_told_beside_it() {
     let shared = PlaneKey::Shared;
     let mut told = RefusalsTold::default();
     let first = refusal("10.0.0.5:8081", &shared, 1);
+    let second = refusal_of(1, "10.0.0.6:8081", &shared, 2);
     told_before(&mut told, 4, std::slice::from_ref(&first));
     assert!(told.inherited(ROUTE, &parent(), Some(4)).is_some());
     let heard = HashSet::from([shared.clone()]);
-    let both = [
-        (shared.clone(), first),
-        (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2)),
-    ];
-    let untold = told.untold(ROUTE, &both, &answers(&heard, &HashSet::new()), Some(4));
+    let only_second = [(shared.clone(), second.clone())];
+    let untold = told.untold(ROUTE, &only_second, &some_answered(&heard), Some(4));
     assert_eq!(untold.len(), 1, "{untold:?}");
-    assert_eq!(untold[0].1.len(), 2, "told beside the word: {untold:?}");
-    for (plane, keys) in untold {
+    assert_eq!(untold[0].keys.len(), 2, "told beside the word: {untold:?}");
+    assert_eq!(
+        untold[0].before.as_ref().map(BTreeSet::len),
+        Some(1),
+        "the word, told before"
+    );
+    for Untold { plane, keys, .. } in untold {
         told.took(ROUTE, &plane, keys);
     }
     assert!(
         told.inherited(ROUTE, &parent(), Some(4)).is_none(),
         "the condition says what this process heard"
     );
+    let both = [(shared.clone(), first), (shared.clone(), second)];
     assert!(told
-        .untold(ROUTE, &both, &answers(&heard, &heard), Some(4))
+        .untold(ROUTE, &both, &all_answered(&heard), Some(4))
+        .is_empty());
+}
+
+/// A word naming two planes, one of whose pods some refuse more than it told: the whole word
+/// counts as told, and stops holding the condition; the other plane refusing what the word
+/// said of it tells nothing.
+#[test]
+fn a_word_on_two_planes_goes_whole_once_one_refuses_more() {
+    let (shared, edge) = (PlaneKey::Shared, edge());
+    let mut told = RefusalsTold::default();
+    told_of_both(&mut told, 4);
+    let more = [
+        (shared.clone(), refusal("10.0.0.5:8081", &shared, 1)),
+        (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2)),
+    ];
+    let heard = HashSet::from([shared.clone()]);
+    let untold = told.untold(ROUTE, &more, &some_answered(&heard), Some(4));
+    assert_eq!(untold.len(), 1, "{untold:?}");
+    assert!(told.inherited(ROUTE, &parent(), Some(4)).is_none());
+    let on_edge = [(edge.clone(), refusal("10.0.1.5:8081", &edge, 2))];
+    let edge_answered = HashSet::from([edge.clone()]);
+    assert!(told
+        .untold(ROUTE, &on_edge, &all_answered(&edge_answered), Some(4))
         .is_empty());
 }
 
 /// An Event that does not go out puts back what was told before it: the part told earlier is
-/// not told again, the part it carried is.
+/// not told again, the part it carried is. Two Events of one plane undone newest first (as
+/// the report undoes them) leave what was told before both.
 #[test]
 fn an_event_not_sent_leaves_what_was_told_before_it() {
     let shared = PlaneKey::Shared;
     let all = HashSet::from([shared.clone()]);
-    let none = HashSet::new();
     let first = (shared.clone(), refusal("10.0.0.5:8081", &shared, 1));
     let second = (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2));
-    let mut told = RefusalsTold::default();
-    for (plane, keys) in told.untold(
-        ROUTE,
-        std::slice::from_ref(&first),
-        &answers(&all, &all),
-        Some(4),
-    ) {
-        told.took(ROUTE, &plane, keys);
-    }
-    let earlier = told.told(ROUTE, &shared).cloned();
     let both = [first.clone(), second];
-    let untold = told.untold(ROUTE, &both, &answers(&all, &none), Some(4));
-    assert_eq!(untold.len(), 1);
-    let (plane, keys) = untold.into_iter().next().expect("one");
-    told.took(ROUTE, &plane, keys.clone());
-    told.untell(ROUTE, &plane, &keys, earlier);
+    let tell = |told: &mut RefusalsTold, refused: &[(PlaneKey, String)], answers| {
+        let mut untold = told.untold(ROUTE, refused, &answers, Some(4));
+        assert_eq!(untold.len(), 1, "{untold:?}");
+        let untold = untold.remove(0);
+        told.took(ROUTE, &untold.plane, untold.keys.clone());
+        untold
+    };
+    let mut told = RefusalsTold::default();
+    let one = tell(&mut told, std::slice::from_ref(&first), all_answered(&all));
+    assert_eq!(one.before, None);
+    let two = tell(&mut told, &both, some_answered(&all));
+    told.untell(ROUTE, &two.plane, &two.keys, two.before);
     assert!(
-        told.untold(ROUTE, &[first], &answers(&all, &all), Some(4))
-            .is_empty(),
+        told.untold(
+            ROUTE,
+            std::slice::from_ref(&first),
+            &all_answered(&all),
+            Some(4)
+        )
+        .is_empty(),
         "what was told before stands"
     );
     assert_eq!(
-        told.untold(ROUTE, &both, &answers(&all, &all), Some(4))
+        told.untold(ROUTE, &both, &all_answered(&all), Some(4))
             .len(),
         1,
         "what the Event carried is told again"
+    );
+    // Both Events undone, newest first.
+    let mut told = RefusalsTold::default();
+    let one = tell(&mut told, std::slice::from_ref(&first), all_answered(&all));
+    let two = tell(&mut told, &both, some_answered(&all));
+    told.untell(ROUTE, &two.plane, &two.keys, two.before);
+    told.untell(ROUTE, &one.plane, &one.keys, one.before);
+    assert_eq!(
+        told.untold(
+            ROUTE,
+            std::slice::from_ref(&first),
+            &all_answered(&all),
+            Some(4)
+        )
+        .len(),
+        1,
+        "nothing was told"
     );
 }
