@@ -1040,7 +1040,8 @@ impl Reconciler {
                     })
                 {
                     // A plane serving the parent not answering this process's pushes yet: the
-                    // refusal of the route as it is stands until their pods say.
+                    // refusal of the route as it is stands until their pods say (or some pods
+                    // of a plane it names refuse more than it said, which takes it in).
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,

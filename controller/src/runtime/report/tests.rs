@@ -947,3 +947,55 @@ fn an_event_not_sent_leaves_what_was_told_before_it() {
         "nothing was told"
     );
 }
+
+/// A plane all of whose pods answer with other than an earlier leader's word, its Event not
+/// sent: the word stays told (the record takes it in), so some pods refusing what it said later
+/// tell nothing; the Event's own refusal is told again.
+#[test]
+fn an_event_not_sent_keeps_an_earlier_leaders_word_told() {
+    let shared = PlaneKey::Shared;
+    let all = HashSet::from([shared.clone()]);
+    let word = refusal("10.0.0.5:8081", &shared, 1);
+    let other = (shared.clone(), refusal_of(1, "10.0.0.5:8081", &shared, 2));
+    for dropped_later in [false, true] {
+        let mut told = RefusalsTold::default();
+        told_before(&mut told, 4, std::slice::from_ref(&word));
+        let mut untold = told.untold(
+            ROUTE,
+            std::slice::from_ref(&other),
+            &all_answered(&all),
+            Some(4),
+        );
+        assert_eq!(untold.len(), 1, "{untold:?}");
+        let Untold {
+            plane,
+            keys,
+            before,
+        } = untold.remove(0);
+        assert_eq!(before.as_ref().map(BTreeSet::len), Some(1), "the word");
+        if dropped_later {
+            told.took(ROUTE, &plane, keys.clone());
+            told.untell(ROUTE, &plane, &keys, before);
+        } else if let Some(before) = before {
+            // Refused for want of room.
+            told.took(ROUTE, &plane, before);
+        }
+        let said = [(shared.clone(), word.clone())];
+        assert!(
+            told.untold(ROUTE, &said, &some_answered(&all), Some(4))
+                .is_empty(),
+            "the word stays told"
+        );
+        assert_eq!(
+            told.untold(
+                ROUTE,
+                std::slice::from_ref(&other),
+                &all_answered(&all),
+                Some(4)
+            )
+            .len(),
+            1,
+            "the refusal the Event carried is told again"
+        );
+    }
+}
