@@ -26,6 +26,27 @@ pub fn default_worker_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
+/// Seeds the TLS stack's random generator (aws-lc's), on a thread of its own. It seeds itself on
+/// first use, partly from CPU timing jitter: 30-45 ms of CPU once per process. Left to the
+/// first TLS handshake (a TLS backend's, dialled under load), that time would stall its worker
+/// and every request on it; started with the process, it is over before a config is pushed,
+/// and delays nothing that does not need it (a handshake meanwhile waits for it, as before).
+pub fn seed_random() {
+    let seed = || {
+        use aws_lc_rs::rand::SecureRandom as _;
+        // A generator that cannot be seeded fails every handshake later, each reported where
+        // it fails.
+        let _ = aws_lc_rs::rand::SystemRandom::new().fill(&mut [0u8; 1]);
+    };
+    if std::thread::Builder::new()
+        .name("seed-random".to_owned())
+        .spawn(seed)
+        .is_err()
+    {
+        seed();
+    }
+}
+
 /// Runs the proxy as `args` say until `stop` asks it to stop, then drains it. `worker_threads`
 /// is the runtime's, which sizes per-worker metric shards.
 ///
