@@ -87,6 +87,12 @@ spec:
     )
 }
 
+/// The connector token of the seed's Gateway edge (tunnel `TUNNEL_ID`): the class tunnel's
+/// too where the shared pool runs beside it ([`beside_the_pool`]).
+fn edge_token() -> String {
+    Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode()
+}
+
 fn uuid_of(id: &str) -> uuid::Uuid {
     id.parse().expect("uuid")
 }
@@ -1551,7 +1557,7 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
     tokio::time::timeout(Duration::from_secs(60), async {
         let echo = support::echo("tenant-a", "web-1").await;
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let token = edge_token();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::builder()
             .rbac(REQUIRED_RBAC)
@@ -1655,7 +1661,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
     use kube::api::{Api, DeleteParams};
     tokio::time::timeout(Duration::from_secs(60), async {
         let echo = support::echo("tenant-a", "web-1").await;
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let token = edge_token();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::builder()
             .rbac(REQUIRED_RBAC)
@@ -2026,7 +2032,7 @@ impl GatedPort {
 #[tokio::test]
 async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
     let echo = support::echo("tenant-a", "web-1").await;
-    let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let token = edge_token();
     let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
     let api = ApiServer::builder()
         .rbac(REQUIRED_RBAC)
@@ -2365,7 +2371,7 @@ impl Tenant {
         tune: impl FnOnce(&mut RuntimeOptions),
     ) -> Self {
         let echo = support::echo("tenant-a", "web-1").await;
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let token = edge_token();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::builder()
             .rbac(rbac)
@@ -3046,7 +3052,7 @@ async fn two_secrets_of_one_tunnel_written_by_one_token_share_one_document() {
 /// hostnames in the tunnel's document, which another Gateway on the tunnel writes.
 #[tokio::test]
 async fn a_gateway_whose_credentials_are_missing_keeps_its_hostnames_in_its_tunnels_document() {
-    let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let same = edge_token();
     second_gateway_on_the_tunnel(&same, "missing-cf").await;
 }
 
@@ -3098,7 +3104,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
 async fn internal_failing_beside_edge() -> (Tenant, Server, (CloudflareApi, tokio::net::TcpSocket))
 {
     let edge = proxy_pod("s3cr3t").await;
-    let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let same = edge_token();
     let (closed, held) = closed_port();
     let cloudflare = CloudflareApi::start().await;
     let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
@@ -3147,7 +3153,7 @@ async fn a_broken_gateways_routes_join_its_tunnels_planes_once() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let edge = proxy_pod("s3cr3t").await;
         let internal = proxy_pod("i2cr3t").await;
-        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let same = edge_token();
         let cloudflare = CloudflareApi::start().await;
         let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
         t.api.put(config_slice(
@@ -4465,7 +4471,7 @@ async fn an_idle_shared_pool_is_not_counted_as_unreached() {
         assert_eq!(metric(health, UNREACHED).await, Some(2), "the idle pool is not counted");
 
         // The class tunnel is tenant a's.
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let token = edge_token();
         t.api.put(yaml(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
         )));
@@ -5335,7 +5341,7 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
     const OWN_TUNNEL_ID: &str = "e8b2d4f6-1a3c-4e5d-8f7a-9b0c1d2e3f40";
     tokio::time::timeout(Duration::from_secs(90), async {
         let class_token =
-            Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+            edge_token();
         let own_token =
             Token::new("acct", b"own secret".to_vec(), uuid_of(OWN_TUNNEL_ID)).encode();
         let cloudflare = CloudflareApi::start().await;
@@ -6173,14 +6179,11 @@ fn beside_the_pool(class_tunnel: bool) -> impl Fn(&mut RuntimeOptions) {
 }
 
 /// Puts the shared pool's side beside the seed's: the pool's token Secret, the class tunnel's
-/// (the one Gateway edge's token opens, used [`beside_the_pool`] with `class_tunnel`), the
+/// (the one Gateway edge's token opens, used by [`beside_the_pool`] with `class_tunnel`), the
 /// config EndpointSlices of the pool (listing `pool`) and of edge's plane (`edge`), and `more`.
 fn pool_beside(api: &ApiServer, pool: SocketAddr, edge: SocketAddr, more: &[String]) {
-    let class_token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n"));
-    api.put(yaml(&format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{class_token}\"}}\n"
-    )));
+    api.put(class_tunnel_secret(&edge_token(), ""));
     api.put(config_slice(
         "cftunnel-system",
         "cftunnel-proxy",
@@ -6250,6 +6253,17 @@ async fn a_route_whose_two_planes_both_refuse_a_rule_is_told_of_each() {
         .await;
         rounds_later(&t.health, 5).await;
         assert_eq!(rule_refusals_told(&t.api), 2, "each told once");
+        let notes: Vec<String> = t
+            .api
+            .list("Event")
+            .into_iter()
+            .filter(|e| e["reason"] == "ProxyRuleRefused")
+            .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for pod in [older_edge.addr(), older_pool.addr()] {
+            let naming = notes.iter().filter(|n| n.contains(&pod.to_string())).count();
+            assert_eq!(naming, 1, "one Event names {pod}: {notes:?}");
+        }
 
         // The pool's pod upgraded: its parent clears, the other still says what edge's pod
         // refuses, and nothing more is told.
@@ -7840,7 +7854,7 @@ async fn broken_edge_beside_third(
         api.put(yaml(&edge_gateway));
         extra(api);
         // tenant-c's Gateway on tenant-a's tunnel.
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let token = edge_token();
         api.put(yaml(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
         )));
@@ -8113,8 +8127,7 @@ async fn a_broken_plane_whose_token_secret_is_gone_shares_its_tunnel_after_a_res
         let edge = proxy_pod("s3cr3t").await;
         let echo = support::echo("tenant-s", "web-1").await;
         // The class tunnel is the one Gateway edge's token opens.
-        let class_token =
-            Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let class_token = edge_token();
         let mut t = Tenant::start_tuned(
             "replicas: 1",
             |api| {

@@ -19,7 +19,9 @@ fn main() -> std::process::ExitCode {
     if let Some(asked) = args.grace_period.1 {
         tracing::warn!(asked = ?asked, capped = ?args.grace_period.0, "grace period capped at its maximum");
     }
-    cftunnel_proxy::process::seed_random();
+    if !args.check {
+        cftunnel_proxy::process::seed_random();
+    }
     let workers = args
         .worker_threads
         .map_or_else(cftunnel_proxy::process::default_worker_threads, |n| n.get());

@@ -27,15 +27,15 @@ pub fn default_worker_threads() -> usize {
 }
 
 /// Seeds the TLS stack's random generator (aws-lc's), on a thread of its own. It seeds itself on
-/// first use, partly from CPU timing jitter: 30-45 ms of CPU once per process. Left to the
-/// first TLS handshake (a TLS backend's, dialled under load), that time would stall its worker
-/// and every request on it; started with the process, it is over before a config is pushed,
-/// and delays nothing that does not need it (a handshake meanwhile waits for it, as before).
+/// first use, partly from CPU timing jitter: about 40 ms of CPU once per process. Left to the
+/// first TLS handshake (in listener mode, a TLS backend's, dialled under load), that time would
+/// stall its worker and every request on it; started with the process, it is usually over
+/// before the first handshake, which otherwise waits for what is left of it. In tunnel mode
+/// the edge's handshake at start would have paid it anyway. A generator that cannot be seeded
+/// (no usable timer) ends the process, now at start rather than at the first handshake.
 pub fn seed_random() {
     let seed = || {
         use aws_lc_rs::rand::SecureRandom as _;
-        // A generator that cannot be seeded fails every handshake later, each reported where
-        // it fails.
         let _ = aws_lc_rs::rand::SystemRandom::new().fill(&mut [0u8; 1]);
     };
     if std::thread::Builder::new()

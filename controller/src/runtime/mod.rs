@@ -39,7 +39,7 @@ use std::time::Duration;
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -554,7 +554,8 @@ struct Reconciler {
     listener_set_resource: optional_apis::Served,
     options: RuntimeOptions,
     pusher: Pusher,
-    recorder: Recorder,
+    /// Who the Events are from ([`Reconciler::event`]).
+    reporter: Reporter,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, PushFailure>,
     /// Planes whose failure is not reported while their pods start, logged as such once.
@@ -919,13 +920,10 @@ impl Reconciler {
     ) -> Self {
         let events = options.events;
         let read_back = options.tunnel_read_back;
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.to_owned(),
-                instance: options.instance.clone(),
-            },
-        );
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: options.instance.clone(),
+        };
         let tunnel_api = match TunnelApi::new(
             &options.cloudflare_api_base,
             options.push_timeout * 2,
@@ -953,7 +951,7 @@ impl Reconciler {
                 .waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             client,
             options,
-            recorder,
+            reporter,
             push_failures: HashMap::new(),
             starting_told: HashSet::new(),
             behind: Vec::new(),

@@ -17,7 +17,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::core::DynamicObject;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 use tokio::sync::oneshot::{self, error::TryRecvError};
@@ -575,7 +575,12 @@ impl Reconciler {
             text(&regarding.kind),
             text(&regarding.name)
         );
-        let (recorder, object) = (self.recorder.clone(), regarding.clone());
+        // A recorder of its own: one shared would fold this Event into an earlier one of the
+        // same reason about the same object (a series, within six minutes), keeping the earlier
+        // note. Each Event here says something the earlier did not (what changed, or another
+        // plane's refusal); none is sent twice on purpose.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let object = regarding.clone();
         let regarding = of.clone();
         let post = async move {
             if let Err(e) = recorder.publish(&event, &object).await {
