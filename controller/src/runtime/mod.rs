@@ -554,8 +554,8 @@ struct Reconciler {
     listener_set_resource: optional_apis::Served,
     options: RuntimeOptions,
     pusher: Pusher,
-    /// Who the Events are from ([`Reconciler::event`]).
-    reporter: Reporter,
+    /// What the Events are published through ([`Reconciler::event`]).
+    recorders: report::Recorders,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, PushFailure>,
     /// Planes whose failure is not reported while their pods start, logged as such once.
@@ -949,9 +949,9 @@ impl Reconciler {
                 .failing_for(options.sustained_for)
                 .keeping_runs_without_pods(options.podless_keep)
                 .waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
+            recorders: report::Recorders::new(client.clone(), reporter),
             client,
             options,
-            reporter,
             push_failures: HashMap::new(),
             starting_told: HashSet::new(),
             behind: Vec::new(),

@@ -550,6 +550,59 @@ pub(super) struct Inherited {
     pub(super) pushed: std::time::Instant,
 }
 
+/// How long an Event is folded into the next one saying the same (a series), as kube's recorder
+/// does.
+const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+
+/// The recorders Events are published through, one per object, reason and note. kube's folds
+/// an Event into an earlier one of the same reason about the same object within six minutes (a
+/// series, counted), keeping the earlier note: one shared by every Event would show a changed
+/// message, or a second plane's refusal, as the first's. One per note keeps the folding for an
+/// Event sent again as it was (a push failure back, a drift applied again), which would
+/// otherwise be an object more each time.
+pub(super) struct Recorders {
+    client: kube::Client,
+    reporter: kube::runtime::events::Reporter,
+    /// By the Event's object, reason and note: the recorder, and when it was last used.
+    by_note: std::sync::Mutex<HashMap<EventSaid, (Recorder, std::time::Instant)>>,
+}
+
+/// What an Event says: of which object, its reason and its note.
+type EventSaid = (String, String, String);
+
+impl Recorders {
+    pub(super) fn new(client: kube::Client, reporter: kube::runtime::events::Reporter) -> Self {
+        Self {
+            client,
+            reporter,
+            by_note: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The recorder of an Event of `reason` saying `note` about `of`; those unused for the
+    /// series window are let go.
+    fn of(&self, of: &str, reason: &str, note: &str) -> Recorder {
+        self.of_at(std::time::Instant::now(), of, reason, note)
+    }
+
+    fn of_at(&self, now: std::time::Instant, of: &str, reason: &str, note: &str) -> Recorder {
+        let fresh = || Recorder::new(self.client.clone(), self.reporter.clone());
+        let Ok(mut by_note) = self.by_note.lock() else {
+            return fresh();
+        };
+        by_note.retain(|_, (_, used)| now.saturating_duration_since(*used) < SERIES_WINDOW);
+        let key = (of.to_owned(), reason.to_owned(), note.to_owned());
+        let (recorder, used) = by_note.entry(key).or_insert_with(|| (fresh(), now));
+        *used = now;
+        recorder.clone()
+    }
+
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.by_note.lock().map_or(0, |by_note| by_note.len())
+    }
+}
+
 impl Reconciler {
     /// An Event to publish through [`StatusWrites::event`], which records `told` once taken.
     pub(super) fn event(
@@ -575,11 +628,7 @@ impl Reconciler {
             text(&regarding.kind),
             text(&regarding.name)
         );
-        // A recorder of its own: one shared would fold this Event into an earlier one of the
-        // same reason about the same object (a series, within six minutes), keeping the earlier
-        // note. Each Event here says something the earlier did not (what changed, or another
-        // plane's refusal); none is sent twice on purpose.
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let recorder = self.recorders.of(&of, reason, note);
         let object = regarding.clone();
         let regarding = of.clone();
         let post = async move {

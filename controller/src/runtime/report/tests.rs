@@ -999,3 +999,24 @@ fn an_event_not_sent_keeps_an_earlier_leaders_word_told() {
         );
     }
 }
+
+/// Events saying the same about one object share a recorder (kube's folds them into a series);
+/// another note, reason or object gets its own, and one unused for the series window goes.
+#[tokio::test]
+async fn events_share_a_recorder_only_when_they_say_the_same() {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+    let client = kube::Client::try_from(config).expect("a client");
+    let recorders = Recorders::new(client, "cftunnel".into());
+    let now = std::time::Instant::now();
+    let route = "HTTPRoute tenant/cors";
+    recorders.of_at(now, route, "ProxyRuleRefused", "rule 0");
+    recorders.of_at(now, route, "ProxyRuleRefused", "rule 0");
+    assert_eq!(recorders.held(), 1);
+    recorders.of_at(now, route, "ProxyRuleRefused", "rule 1");
+    recorders.of_at(now, route, "RouteShadowed", "rule 0");
+    recorders.of_at(now, "HTTPRoute tenant/www", "ProxyRuleRefused", "rule 0");
+    assert_eq!(recorders.held(), 4);
+    let later = now + SERIES_WINDOW;
+    recorders.of_at(later, route, "ProxyRuleRefused", "rule 0");
+    assert_eq!(recorders.held(), 1, "the others let go");
+}
