@@ -2936,6 +2936,63 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
     .expect("in time");
 }
 
+/// A route told its plane's pushes fail, then served again, then told the same failure again:
+/// the second Event says what the first said, so it is counted in the first's series rather
+/// than made an object more; one that says something else is an object of its own.
+#[tokio::test]
+async fn a_push_failure_told_again_as_it_was_is_counted_in_one_event() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+        let (closed, _held) = closed_port();
+        let slice = |port: u16| config_slice("tenant-a", "cf-proxy-edge-config", port, true);
+        let push_failed = || -> Vec<Value> {
+            t.api
+                .list("Event")
+                .into_iter()
+                .filter(|e| e["reason"] == "ProxyConfigPushFailed")
+                .collect()
+        };
+        let condition = || route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED);
+        for round in 1..=2u64 {
+            t.api.put(slice(closed));
+            eventually("a push failure told", || {
+                let told: u64 = push_failed()
+                    .iter()
+                    .map(|e| {
+                        e.pointer("/series/count")
+                            .and_then(Value::as_u64)
+                            .unwrap_or(1)
+                    })
+                    .sum();
+                (told == round).then_some(())
+            })
+            .await;
+            t.api.put(slice(edge.admin_addr().port()));
+            eventually("the push failure gone", || {
+                condition().is_none().then_some(())
+            })
+            .await;
+        }
+        let events = push_failed();
+        assert_eq!(events.len(), 1, "one object: {events:?}");
+        assert_eq!(events[0].pointer("/series/count"), Some(&json!(2)));
+
+        // The Event deleted (by hand, or expired): the same failure told again is a new one.
+        let name = events[0]["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(t.api.delete("events.k8s.io/v1", "Event", "tenant-a", name));
+        t.api.put(slice(closed));
+        let again = eventually("the failure told in a new Event", || {
+            push_failed().into_iter().next()
+        })
+        .await;
+        assert_ne!(again["metadata"]["name"].as_str(), Some(name));
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A pod that accepts connections and never answers, in another tenant's plane, holds up no
 /// tenant's route changes: a round waits for the pushes it starts only briefly, and the stuck
 /// one runs on by itself (here for far longer than the test).

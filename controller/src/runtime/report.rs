@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -550,56 +550,116 @@ pub(super) struct Inherited {
     pub(super) pushed: std::time::Instant,
 }
 
-/// How long an Event is folded into the next one saying the same (a series), as kube's recorder
-/// does.
+/// How long after one Event the next saying the same about the same object is folded into it
+/// (a series): kube's recorder keeps an Event that long after it was last seen.
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
-/// The recorders Events are published through, one per object, reason and note. kube's folds
-/// an Event into an earlier one of the same reason about the same object within six minutes (a
-/// series, counted), keeping the earlier note: one shared by every Event would show a changed
-/// message, or a second plane's refusal, as the first's. One per note keeps the folding for an
-/// Event sent again as it was (a push failure back, a drift applied again), which would
-/// otherwise be an object more each time.
+/// The recorders Events are published through: one per object and reason, replaced when the
+/// note changes. kube's recorder folds an Event into an earlier one of the same reason about
+/// the same object (a series, counted), keeping the earlier note: one shared by every Event
+/// would show a changed message, or a second plane's refusal, as the first's. One kept while
+/// the note stays folds an Event sent again as it was (a push failure back, a drift applied
+/// again), which would otherwise be an object more each time.
 pub(super) struct Recorders {
     client: kube::Client,
     reporter: kube::runtime::events::Reporter,
-    /// By the Event's object, reason and note: the recorder, and when it was last used.
-    by_note: std::sync::Mutex<HashMap<EventSaid, (Recorder, std::time::Instant)>>,
+    said: Arc<std::sync::Mutex<Said>>,
 }
 
-/// What an Event says: of which object, its reason and its note.
-type EventSaid = (String, String, String);
+/// What [`Recorders`] holds, by the Event's object and reason.
+#[derive(Default)]
+struct Said {
+    by_subject: HashMap<(String, String), LastSaid>,
+    /// Recorders made so far: each one's number.
+    made: u64,
+}
+
+/// The last Event of a reason about one object.
+struct LastSaid {
+    note: String,
+    recorder: Recorder,
+    /// Its recorder's number.
+    made: u64,
+    used: std::time::Instant,
+}
+
+/// Lets go of the recorder an Event went through, should its Event be gone (deleted since):
+/// kube's recorder would add to it, in vain, until it forgot it.
+pub(super) struct Forget {
+    said: Arc<std::sync::Mutex<Said>>,
+    subject: (String, String),
+    made: u64,
+}
+
+impl Forget {
+    fn forget(&self) {
+        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.by_subject.get(&self.subject).map(|s| s.made) == Some(self.made) {
+            said.by_subject.remove(&self.subject);
+        }
+    }
+}
 
 impl Recorders {
     pub(super) fn new(client: kube::Client, reporter: kube::runtime::events::Reporter) -> Self {
         Self {
             client,
             reporter,
-            by_note: std::sync::Mutex::default(),
+            said: Arc::default(),
         }
     }
 
-    /// The recorder of an Event of `reason` saying `note` about `of`; those unused for the
-    /// series window are let go.
-    fn of(&self, of: &str, reason: &str, note: &str) -> Recorder {
+    /// A recorder with nothing folded into it yet.
+    fn fresh(&self) -> Recorder {
+        Recorder::new(self.client.clone(), self.reporter.clone())
+    }
+
+    /// The recorder of an Event of `reason` saying `note` about `of`, and how to let go of it.
+    fn of(&self, of: &str, reason: &str, note: &str) -> (Recorder, Forget) {
         self.of_at(std::time::Instant::now(), of, reason, note)
     }
 
-    fn of_at(&self, now: std::time::Instant, of: &str, reason: &str, note: &str) -> Recorder {
-        let fresh = || Recorder::new(self.client.clone(), self.reporter.clone());
-        let Ok(mut by_note) = self.by_note.lock() else {
-            return fresh();
+    fn of_at(
+        &self,
+        now: std::time::Instant,
+        of: &str,
+        reason: &str,
+        note: &str,
+    ) -> (Recorder, Forget) {
+        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        said.by_subject
+            .retain(|_, last| now.saturating_duration_since(last.used) < SERIES_WINDOW);
+        let subject = (of.to_owned(), reason.to_owned());
+        let forget = |made| Forget {
+            said: Arc::clone(&self.said),
+            subject: subject.clone(),
+            made,
         };
-        by_note.retain(|_, (_, used)| now.saturating_duration_since(*used) < SERIES_WINDOW);
-        let key = (of.to_owned(), reason.to_owned(), note.to_owned());
-        let (recorder, used) = by_note.entry(key).or_insert_with(|| (fresh(), now));
-        *used = now;
-        recorder.clone()
+        if let Some(last) = said.by_subject.get_mut(&subject) {
+            if last.note == note {
+                last.used = now;
+                return (last.recorder.clone(), forget(last.made));
+            }
+        }
+        said.made += 1;
+        let made = said.made;
+        let recorder = self.fresh();
+        let last = LastSaid {
+            note: note.to_owned(),
+            recorder: recorder.clone(),
+            made,
+            used: now,
+        };
+        said.by_subject.insert(subject.clone(), last);
+        (recorder, forget(made))
     }
 
+    /// The number of the recorder held for `reason` about `of`, if one is.
     #[cfg(test)]
-    fn held(&self) -> usize {
-        self.by_note.lock().map_or(0, |by_note| by_note.len())
+    fn held(&self, of: &str, reason: &str) -> Option<u64> {
+        let said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        let subject = (of.to_owned(), reason.to_owned());
+        said.by_subject.get(&subject).map(|last| last.made)
     }
 }
 
@@ -614,10 +674,11 @@ impl Reconciler {
         note: &str,
         told: Told,
     ) -> EventPost {
+        let note = clipped(note);
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(clipped(note).to_owned()),
+            note: Some(note.to_owned()),
             action: action.to_owned(),
             secondary: None,
         };
@@ -628,11 +689,18 @@ impl Reconciler {
             text(&regarding.kind),
             text(&regarding.name)
         );
-        let recorder = self.recorders.of(&of, reason, note);
+        let (recorder, forget) = self.recorders.of(&of, reason, note);
+        let again = self.recorders.fresh();
         let object = regarding.clone();
         let regarding = of.clone();
         let post = async move {
-            if let Err(e) = recorder.publish(&event, &object).await {
+            let mut published = recorder.publish(&event, &object).await;
+            if matches!(&published, Err(kube::Error::Api(e)) if e.code == 404) {
+                // The Event it would add to is gone (deleted): a new one says it.
+                forget.forget();
+                published = again.publish(&event, &object).await;
+            }
+            if let Err(e) = published {
                 tracing::warn!(error = %e, reason = %event.reason, regarding = %of, "publishing an Event failed");
             }
         };

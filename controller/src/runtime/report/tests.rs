@@ -1000,23 +1000,39 @@ fn an_event_not_sent_keeps_an_earlier_leaders_word_told() {
     }
 }
 
-/// Events saying the same about one object share a recorder (kube's folds them into a series);
-/// another note, reason or object gets its own, and one unused for the series window goes.
+/// An Event saying what the last of its reason about the same object said shares its recorder
+/// (kube's folds them into a series); one saying something else gets a new one, which the next
+/// saying that shares; the series window counts from the last use.
 #[tokio::test]
-async fn events_share_a_recorder_only_when_they_say_the_same() {
+async fn events_share_a_recorder_only_with_the_last_saying_the_same() {
     let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
     let client = kube::Client::try_from(config).expect("a client");
     let recorders = Recorders::new(client, "cftunnel".into());
-    let now = std::time::Instant::now();
-    let route = "HTTPRoute tenant/cors";
-    recorders.of_at(now, route, "ProxyRuleRefused", "rule 0");
-    recorders.of_at(now, route, "ProxyRuleRefused", "rule 0");
-    assert_eq!(recorders.held(), 1);
-    recorders.of_at(now, route, "ProxyRuleRefused", "rule 1");
-    recorders.of_at(now, route, "RouteShadowed", "rule 0");
-    recorders.of_at(now, "HTTPRoute tenant/www", "ProxyRuleRefused", "rule 0");
-    assert_eq!(recorders.held(), 4);
-    let later = now + SERIES_WINDOW;
-    recorders.of_at(later, route, "ProxyRuleRefused", "rule 0");
-    assert_eq!(recorders.held(), 1, "the others let go");
+    let start = std::time::Instant::now();
+    let (route, refused) = ("HTTPRoute tenant/cors", "ProxyRuleRefused");
+    let at = |minutes: u64, note: &str| {
+        let now = start + Duration::from_secs(minutes * 60);
+        recorders.of_at(now, route, refused, note);
+        recorders.held(route, refused)
+    };
+    let first = at(0, "rule 0");
+    assert_eq!(at(5, "rule 0"), first, "the same again: one series");
+    assert_eq!(at(10, "rule 0"), first, "counted from the last use");
+    let other = at(10, "rule 1");
+    assert_ne!(other, first, "another note: an Event of its own");
+    assert_ne!(at(10, "rule 0"), other, "and back: one more");
+    // Another reason or object has its own.
+    recorders.of_at(start, route, "RouteShadowed", "rule 0");
+    assert!(recorders.held(route, "RouteShadowed").is_some());
+    recorders.of_at(
+        start + SERIES_WINDOW * 3,
+        "HTTPRoute tenant/www",
+        refused,
+        "rule 0",
+    );
+    assert_eq!(
+        recorders.held(route, refused),
+        None,
+        "unused past the window: let go"
+    );
 }
