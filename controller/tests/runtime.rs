@@ -2987,6 +2987,19 @@ async fn a_push_failure_told_again_as_it_was_is_counted_in_one_event() {
         })
         .await;
         assert_ne!(again["metadata"]["name"].as_str(), Some(name));
+        // And told again as it was: counted in the new one.
+        t.api.put(slice(edge.admin_addr().port()));
+        eventually("the push failure gone", || {
+            condition().is_none().then_some(())
+        })
+        .await;
+        t.api.put(slice(closed));
+        eventually("the failure counted in the new Event", || {
+            let events = push_failed();
+            (events.len() == 1 && events[0].pointer("/series/count") == Some(&json!(2)))
+                .then_some(())
+        })
+        .await;
         t.stop().await;
     })
     .await

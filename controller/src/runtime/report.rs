@@ -583,20 +583,31 @@ struct LastSaid {
     used: std::time::Instant,
 }
 
-/// Lets go of the recorder an Event went through, should its Event be gone (deleted since):
-/// kube's recorder would add to it, in vain, until it forgot it.
-pub(super) struct Forget {
+/// Replaces the recorder an Event went through, should the Event it folds into be gone
+/// (deleted): kube's recorder would add to it, in vain, until it forgot it.
+pub(super) struct Renew {
     said: Arc<std::sync::Mutex<Said>>,
     subject: (String, String),
     made: u64,
+    client: kube::Client,
+    reporter: kube::runtime::events::Reporter,
 }
 
-impl Forget {
-    fn forget(&self) {
+impl Renew {
+    /// A recorder with nothing folded into it, held in place of the one handed out (unless
+    /// another has taken its place since) so that the Events after fold into the new one.
+    fn renew(&self) -> Recorder {
+        let fresh = Recorder::new(self.client.clone(), self.reporter.clone());
         let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
-        if said.by_subject.get(&self.subject).map(|s| s.made) == Some(self.made) {
-            said.by_subject.remove(&self.subject);
+        let made = said.made + 1;
+        if let Some(last) = said.by_subject.get_mut(&self.subject) {
+            if last.made == self.made {
+                last.recorder = fresh.clone();
+                last.made = made;
+                said.made = made;
+            }
         }
+        fresh
     }
 }
 
@@ -609,13 +620,8 @@ impl Recorders {
         }
     }
 
-    /// A recorder with nothing folded into it yet.
-    fn fresh(&self) -> Recorder {
-        Recorder::new(self.client.clone(), self.reporter.clone())
-    }
-
-    /// The recorder of an Event of `reason` saying `note` about `of`, and how to let go of it.
-    fn of(&self, of: &str, reason: &str, note: &str) -> (Recorder, Forget) {
+    /// The recorder of an Event of `reason` saying `note` about `of`, and how to replace it.
+    fn of(&self, of: &str, reason: &str, note: &str) -> (Recorder, Renew) {
         self.of_at(std::time::Instant::now(), of, reason, note)
     }
 
@@ -625,25 +631,27 @@ impl Recorders {
         of: &str,
         reason: &str,
         note: &str,
-    ) -> (Recorder, Forget) {
+    ) -> (Recorder, Renew) {
         let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
         said.by_subject
             .retain(|_, last| now.saturating_duration_since(last.used) < SERIES_WINDOW);
         let subject = (of.to_owned(), reason.to_owned());
-        let forget = |made| Forget {
+        let renew = |made| Renew {
             said: Arc::clone(&self.said),
             subject: subject.clone(),
             made,
+            client: self.client.clone(),
+            reporter: self.reporter.clone(),
         };
         if let Some(last) = said.by_subject.get_mut(&subject) {
             if last.note == note {
                 last.used = now;
-                return (last.recorder.clone(), forget(last.made));
+                return (last.recorder.clone(), renew(last.made));
             }
         }
         said.made += 1;
         let made = said.made;
-        let recorder = self.fresh();
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
         let last = LastSaid {
             note: note.to_owned(),
             recorder: recorder.clone(),
@@ -651,7 +659,7 @@ impl Recorders {
             used: now,
         };
         said.by_subject.insert(subject.clone(), last);
-        (recorder, forget(made))
+        (recorder, renew(made))
     }
 
     /// The number of the recorder held for `reason` about `of`, if one is.
@@ -689,16 +697,15 @@ impl Reconciler {
             text(&regarding.kind),
             text(&regarding.name)
         );
-        let (recorder, forget) = self.recorders.of(&of, reason, note);
-        let again = self.recorders.fresh();
+        let (recorder, renew) = self.recorders.of(&of, reason, note);
         let object = regarding.clone();
         let regarding = of.clone();
         let post = async move {
             let mut published = recorder.publish(&event, &object).await;
             if matches!(&published, Err(kube::Error::Api(e)) if e.code == 404) {
-                // The Event it would add to is gone (deleted): a new one says it.
-                forget.forget();
-                published = again.publish(&event, &object).await;
+                // The Event it would add to is gone (deleted): a new one says it, and those
+                // after fold into that one.
+                published = renew.renew().publish(&event, &object).await;
             }
             if let Err(e) = published {
                 tracing::warn!(error = %e, reason = %event.reason, regarding = %of, "publishing an Event failed");

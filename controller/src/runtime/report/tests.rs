@@ -1020,7 +1020,19 @@ async fn events_share_a_recorder_only_with_the_last_saying_the_same() {
     assert_eq!(at(10, "rule 0"), first, "counted from the last use");
     let other = at(10, "rule 1");
     assert_ne!(other, first, "another note: an Event of its own");
-    assert_ne!(at(10, "rule 0"), other, "and back: one more");
+    let back = at(10, "rule 0");
+    assert!(back != other && back != first, "and back: one more");
+    // A recorder replaced (its Event deleted) is held in place of the one handed out, unless
+    // another has taken its place since.
+    let (_, renew) = recorders.of_at(start + Duration::from_secs(600), route, refused, "rule 0");
+    renew.renew();
+    let renewed = at(10, "rule 0");
+    assert_ne!(renewed, back, "a new recorder in its place");
+    assert_eq!(at(10, "rule 0"), renewed, "which those after share");
+    let (_, stale) = recorders.of_at(start + Duration::from_secs(600), route, refused, "rule 0");
+    let newer = at(10, "rule 2");
+    stale.renew();
+    assert_eq!(recorders.held(route, refused), newer, "a newer entry stays");
     // Another reason or object has its own.
     recorders.of_at(start, route, "RouteShadowed", "rule 0");
     assert!(recorders.held(route, "RouteShadowed").is_some());
