@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -17,7 +17,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::core::DynamicObject;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 use tokio::sync::oneshot::{self, error::TryRecvError};
@@ -38,6 +38,7 @@ use crate::in_flight::{Finished, InFlight};
 use crate::push;
 use crate::render;
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
+pub(super) use recorders::Recorders;
 
 /// The events API refuses a note longer than this many bytes (bytes, not characters).
 const NOTE_LIMIT: usize = 1024;
@@ -548,127 +549,6 @@ pub(super) struct Inherited {
     pub(super) decided: bool,
     /// When a push of this process's last tried the plane's listed pods (or it took the lead).
     pub(super) pushed: std::time::Instant,
-}
-
-/// How long after one Event the next saying the same about the same object is folded into it
-/// (a series): kube's recorder keeps an Event that long after it was last seen.
-const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
-
-/// The recorders Events are published through: one per object and reason, replaced when the
-/// note changes. kube's recorder folds an Event into an earlier one of the same reason about
-/// the same object (a series, counted), keeping the earlier note: one shared by every Event
-/// would show a changed message, or a second plane's refusal, as the first's. One kept while
-/// the note stays folds an Event sent again as it was (a push failure back, a drift applied
-/// again), which would otherwise be an object more each time.
-pub(super) struct Recorders {
-    client: kube::Client,
-    reporter: kube::runtime::events::Reporter,
-    said: Arc<std::sync::Mutex<Said>>,
-}
-
-/// What [`Recorders`] holds, by the Event's object and reason.
-#[derive(Default)]
-struct Said {
-    by_subject: HashMap<(String, String), LastSaid>,
-    /// Recorders made so far: each one's number.
-    made: u64,
-}
-
-/// The last Event of a reason about one object.
-struct LastSaid {
-    note: String,
-    recorder: Recorder,
-    /// Its recorder's number.
-    made: u64,
-    used: std::time::Instant,
-}
-
-/// Replaces the recorder an Event went through, should the Event it folds into be gone
-/// (deleted): kube's recorder would add to it, in vain, until it forgot it.
-pub(super) struct Renew {
-    said: Arc<std::sync::Mutex<Said>>,
-    subject: (String, String),
-    made: u64,
-    client: kube::Client,
-    reporter: kube::runtime::events::Reporter,
-}
-
-impl Renew {
-    /// A recorder with nothing folded into it, held in place of the one handed out (unless
-    /// another has taken its place since) so that the Events after fold into the new one.
-    fn renew(&self) -> Recorder {
-        let fresh = Recorder::new(self.client.clone(), self.reporter.clone());
-        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
-        let made = said.made + 1;
-        if let Some(last) = said.by_subject.get_mut(&self.subject) {
-            if last.made == self.made {
-                last.recorder = fresh.clone();
-                last.made = made;
-                said.made = made;
-            }
-        }
-        fresh
-    }
-}
-
-impl Recorders {
-    pub(super) fn new(client: kube::Client, reporter: kube::runtime::events::Reporter) -> Self {
-        Self {
-            client,
-            reporter,
-            said: Arc::default(),
-        }
-    }
-
-    /// The recorder of an Event of `reason` saying `note` about `of`, and how to replace it.
-    fn of(&self, of: &str, reason: &str, note: &str) -> (Recorder, Renew) {
-        self.of_at(std::time::Instant::now(), of, reason, note)
-    }
-
-    fn of_at(
-        &self,
-        now: std::time::Instant,
-        of: &str,
-        reason: &str,
-        note: &str,
-    ) -> (Recorder, Renew) {
-        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
-        said.by_subject
-            .retain(|_, last| now.saturating_duration_since(last.used) < SERIES_WINDOW);
-        let subject = (of.to_owned(), reason.to_owned());
-        let renew = |made| Renew {
-            said: Arc::clone(&self.said),
-            subject: subject.clone(),
-            made,
-            client: self.client.clone(),
-            reporter: self.reporter.clone(),
-        };
-        if let Some(last) = said.by_subject.get_mut(&subject) {
-            if last.note == note {
-                last.used = now;
-                return (last.recorder.clone(), renew(last.made));
-            }
-        }
-        said.made += 1;
-        let made = said.made;
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        let last = LastSaid {
-            note: note.to_owned(),
-            recorder: recorder.clone(),
-            made,
-            used: now,
-        };
-        said.by_subject.insert(subject.clone(), last);
-        (recorder, renew(made))
-    }
-
-    /// The number of the recorder held for `reason` about `of`, if one is.
-    #[cfg(test)]
-    fn held(&self, of: &str, reason: &str) -> Option<u64> {
-        let said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
-        let subject = (of.to_owned(), reason.to_owned());
-        said.by_subject.get(&subject).map(|last| last.made)
-    }
 }
 
 impl Reconciler {
@@ -2600,6 +2480,8 @@ impl RefusalsTold {
         });
     }
 }
+
+mod recorders;
 
 #[cfg(test)]
 mod tests;
