@@ -278,6 +278,19 @@ impl Pusher {
         self
     }
 
+    /// When the next plane with no pod listed comes to count as scaled to zero
+    /// ([`Pusher::keeping_runs_without_pods`]), if one is to: the round then ends its run of
+    /// failures and forgets what its pods refused.
+    pub fn next_scaled_to_zero(&self) -> Option<std::time::Instant> {
+        let now = std::time::Instant::now();
+        self.planes
+            .values()
+            .filter_map(|plane| plane.state.as_ref()?.podless_since())
+            .filter_map(|since| since.checked_add(self.sustained.podless))
+            .filter(|at| *at > now)
+            .min()
+    }
+
     /// A round waits at most `wait` for the pushes it starts; `wake` is told when one it
     /// stopped waiting for finishes, so a round reports it.
     pub fn waiting_at_most(mut self, wait: Duration, wake: Arc<Notify>) -> Self {

@@ -62,6 +62,11 @@ pub(super) struct PlaneState {
 }
 
 impl PlaneState {
+    /// Since when the plane has had no pod listed, while it has none.
+    pub(super) fn podless_since(&self) -> Option<std::time::Instant> {
+        self.podless_since
+    }
+
     /// The document the last push was given (the one its digest was taken of).
     pub(super) fn pushed_from(&self) -> Option<&Arc<Config>> {
         self.digested.as_ref().map(|(config, _)| config)

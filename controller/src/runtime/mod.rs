@@ -516,6 +516,9 @@ pub async fn run(
                 reconciler.report(&health);
                 let ended = tokio::time::Instant::now();
                 schedule.ran(started, ended, reconciler.behind.iter().cloned());
+                if let Some(at) = reconciler.next_due() {
+                    schedule.also_at(tokio::time::Instant::from_std(at));
+                }
             }
             // Another replica may take over once the Lease lapses: stop writing at once.
             _ = lost.wait_for(Option::is_none) => {

@@ -1412,6 +1412,25 @@ impl Reconciler {
         });
     }
 
+    /// When something kept ends with time alone, the soonest still to come: a plane with no
+    /// pod listed comes to count as scaled to zero, or what an earlier leader told of a plane no
+    /// push reaches is kept no longer ([`Reconciler::settle_inherited`]). A round then says so,
+    /// rather than the next one a change or the resync brings.
+    pub(super) fn next_due(&self) -> Option<std::time::Instant> {
+        let now = std::time::Instant::now();
+        let keep = self.options.podless_keep;
+        let inherited = self
+            .inherited_push_failures
+            .iter()
+            .flatten()
+            .filter(|(_, i)| !i.decided)
+            .filter_map(|(_, i)| i.pushed.checked_add(keep));
+        inherited
+            .chain(self.pusher.next_scaled_to_zero())
+            .filter(|at| *at > now)
+            .min()
+    }
+
     /// The planes an earlier leader told routes their pods had not taken the config
     /// (`ProxyConfigPushed=False`, `PushFailed`, in the routes' status as watched), each judged
     /// by the plane that serves the route's parent, as [`Reconciler::report`] tells it. A

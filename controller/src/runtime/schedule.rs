@@ -52,6 +52,12 @@ impl<K: Eq + Hash> Schedule<K> {
         self.next = now + self.resync;
     }
 
+    /// A round is due at `at` too, if that is sooner: something then changes with time alone
+    /// (a plane with no pod listed comes to count as scaled to zero).
+    pub(super) fn also_at(&mut self, at: Instant) {
+        self.next = self.next.min(at);
+    }
+
     /// A round that began at `started` ended at `ended`, leaving the pods `behind` without
     /// their plane's config: the next is a resync period after its start, or sooner to retry
     /// a pod left behind.
@@ -159,6 +165,21 @@ mod tests {
             s.next(),
             at + resync,
             "behind for 10 s, waiting at most the resync"
+        );
+    }
+
+    #[test]
+    fn a_round_due_sooner_for_what_changes_with_time_comes_then() {
+        let start = Instant::now();
+        let mut schedule = Schedule::<u8>::new(RESYNC, start);
+        schedule.ran(start, start + secs(1), []);
+        schedule.also_at(start + secs(5));
+        assert_eq!(schedule.next(), start + secs(5));
+        schedule.also_at(start + secs(45));
+        assert_eq!(
+            schedule.next(),
+            start + secs(5),
+            "a later one changes nothing"
         );
     }
 

@@ -2737,3 +2737,60 @@ async fn a_status_write_refused_as_a_conflict_waits_for_the_objects_newer_versio
     .await
     .expect("in time");
 }
+
+/// A plane whose pushes failed, scaled to zero (its slice lists no pod): the run of failures
+/// ends once it has had no pod for as long as such a run is kept (1 s here), at a round due
+/// then, not at the next resync (a minute here) or the next change.
+#[tokio::test]
+async fn a_plane_scaled_to_zero_is_told_so_when_it_comes_to_count_as_such() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (closed, _held) = closed_port();
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    closed,
+                    true,
+                ));
+                // The seed's other Gateways, whose applies are retried every few seconds (one
+                // of them is refused), would bring rounds of their own.
+                for (namespace, name) in [("tenant-b", "other"), ("tenant-c", "third")] {
+                    api.delete("gateway.networking.k8s.io/v1", "Gateway", namespace, name);
+                }
+            },
+            ApiServer::client,
+            |options| {
+                options.resync = Duration::from_secs(60);
+                options.podless_keep = Duration::from_secs(1);
+            },
+        )
+        .await;
+        eventually("ProxyConfigPushed=False on shop", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        let mut slice = config_slice("tenant-a", "cf-proxy-edge-config", closed, true);
+        slice["endpoints"] = json!([]);
+        t.api.put(slice);
+        let scaled = Instant::now();
+        eventually(
+            "the failure gone once the plane counts as scaled to zero",
+            || {
+                route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(
+            scaled.elapsed() >= Duration::from_millis(900),
+            "kept through the gap: {:?}",
+            scaled.elapsed()
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
