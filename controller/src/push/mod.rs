@@ -279,15 +279,14 @@ impl Pusher {
     }
 
     /// When the next plane with no pod listed comes to count as scaled to zero
-    /// ([`Pusher::keeping_runs_without_pods`]), if one is to: the round then ends its run of
-    /// failures and forgets what its pods refused.
-    pub fn next_scaled_to_zero(&self) -> Option<std::time::Instant> {
-        let now = std::time::Instant::now();
+    /// ([`Pusher::keeping_runs_without_pods`]), if one is to after `after`: the round then
+    /// ends its run of failures and forgets what its pods refused.
+    pub fn next_scaled_to_zero(&self, after: std::time::Instant) -> Option<std::time::Instant> {
         self.planes
             .values()
             .filter_map(|plane| plane.state.as_ref()?.podless_since())
             .filter_map(|since| since.checked_add(self.sustained.podless))
-            .filter(|at| *at > now)
+            .filter(|at| *at > after)
             .min()
     }
 

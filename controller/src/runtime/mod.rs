@@ -4,7 +4,7 @@
 //! Every round works from the whole snapshot of the watch caches ([`stores`]): the translation
 //! is cheap and pure, so recomputing everything keeps the logic in one place and makes a missed
 //! event impossible to miss for long (rounds also run on a resync period, and sooner while a
-//! pod lacks its config: [`schedule`]). Writes are skipped when the cluster already holds what
+//! pod lacks its config or when something kept ends with time alone: [`schedule`]). Writes are skipped when the cluster already holds what
 //! a round computed.
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
@@ -516,7 +516,7 @@ pub async fn run(
                 reconciler.report(&health);
                 let ended = tokio::time::Instant::now();
                 schedule.ran(started, ended, reconciler.behind.iter().cloned());
-                if let Some(at) = reconciler.next_due() {
+                if let Some(at) = reconciler.next_due(started.into_std()) {
                     schedule.also_at(tokio::time::Instant::from_std(at));
                 }
             }

@@ -1412,12 +1412,14 @@ impl Reconciler {
         });
     }
 
-    /// When something kept ends with time alone, the soonest still to come: a plane with no
-    /// pod listed comes to count as scaled to zero, or what an earlier leader told of a plane no
-    /// push reaches is kept no longer ([`Reconciler::settle_inherited`]). A round then says so,
-    /// rather than the next one a change or the resync brings.
-    pub(super) fn next_due(&self) -> Option<std::time::Instant> {
-        let now = std::time::Instant::now();
+    /// When something kept ends with time alone, the soonest after `after` (the start of the
+    /// round that judged it): a plane with no pod listed comes to count as scaled to zero, or
+    /// what an earlier leader told of a plane no push reaches is kept no longer
+    /// ([`Reconciler::settle_inherited`]). A round then says so, rather than the next one a
+    /// change or the resync brings; one that fell within the round that judged it, after the
+    /// judging, is due at once. (On the process's clock: a test pausing tokio's would see the
+    /// instant come before the process does.)
+    pub(super) fn next_due(&self, after: std::time::Instant) -> Option<std::time::Instant> {
         let keep = self.options.podless_keep;
         let inherited = self
             .inherited_push_failures
@@ -1426,8 +1428,8 @@ impl Reconciler {
             .filter(|(_, i)| !i.decided)
             .filter_map(|(_, i)| i.pushed.checked_add(keep));
         inherited
-            .chain(self.pusher.next_scaled_to_zero())
-            .filter(|at| *at > now)
+            .chain(self.pusher.next_scaled_to_zero(after))
+            .filter(|at| *at > after)
             .min()
     }
 

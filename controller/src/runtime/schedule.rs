@@ -1,5 +1,6 @@
 //! When the next round runs if nothing in the cluster changes: a resync period after the last
-//! round began, or sooner while a pod lacks its plane's config.
+//! round began, or sooner while a pod lacks its plane's config, or when something kept ends
+//! with time alone (a plane with no pod listed comes to count as scaled to zero).
 //!
 //! A pod whose push fails changes nothing a watch sees (its EndpointSlice entry stays not
 //! ready until it has a config, and a push that fails fast wakes nothing), so without a retry
@@ -53,7 +54,8 @@ impl<K: Eq + Hash> Schedule<K> {
     }
 
     /// A round is due at `at` too, if that is sooner: something then changes with time alone
-    /// (a plane with no pod listed comes to count as scaled to zero).
+    /// (a plane with no pod listed comes to count as scaled to zero, or an earlier leader's
+    /// report on a plane no push reaches is kept no longer).
     pub(super) fn also_at(&mut self, at: Instant) {
         self.next = self.next.min(at);
     }
