@@ -2322,6 +2322,14 @@ fn config_slice(namespace: &str, service: &str, port: u16, ready: bool) -> Value
     ))
 }
 
+/// The shared pool's config EndpointSlice as [`shared_seed`] writes it (`cftunnel-proxy-p1`),
+/// listing one pod with config port `port`, `ready` or not: put, it takes the seed's place.
+fn pool_slice(port: u16, ready: bool) -> Value {
+    let mut slice = config_slice("cftunnel-system", "cftunnel-proxy", port, ready);
+    slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+    slice
+}
+
 /// The seed's tenant-a Gateway, its GatewayConfig's spec set by [`Tenant::configure`], on an
 /// API server of its own, and a controller without a shared pool, Lease or Cloudflare API
 /// rendering and applying its plane.
@@ -5715,9 +5723,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
         open.store(false, Ordering::SeqCst);
         let (down, _held) = closed_port();
         if meanwhile == Meanwhile::AllDown {
-            api.put(yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cftunnel-proxy-p1, namespace: cftunnel-system, labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {down}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
-            )));
+            api.put(pool_slice(down, false));
         }
         let (stop, controller, health) = pool_controller_tuned(&api, |options| {
             if meanwhile == Meanwhile::AllDown {
@@ -5735,10 +5741,7 @@ async fn refusal_through_pushes_no_pod_answers(meanwhile: Meanwhile) {
             })
             .await;
             // The pod back, ready.
-            api.put(yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cftunnel-proxy-p1, namespace: cftunnel-system, labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
-                gate.port()
-            )));
+            api.put(pool_slice(gate.port(), true));
         }
         if meanwhile == Meanwhile::RouteEdited {
             assert!(route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED).is_some());
@@ -5832,14 +5835,7 @@ async fn a_refusal_another_pod_of_the_release_makes_is_not_told_again_by_a_new_l
         let replaced = OlderProxy::start(pool.admin_addr())
             .await
             .expect("the replacing pod starts");
-        let mut slice = config_slice(
-            "cftunnel-system",
-            "cftunnel-proxy",
-            replaced.addr().port(),
-            true,
-        );
-        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        api.put(slice);
+        api.put(pool_slice(replaced.addr().port(), true));
         api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: ahead, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /a-path-long-enough-to-move-the-rules-after-it}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
         let (stop, controller, health) = pool_controller(&api);
         eventually("the refusal of the replacing pod", || {
@@ -6064,14 +6060,7 @@ async fn a_refusal_some_pods_of_the_plane_make_is_told_while_another_fails() {
         assert_eq!(rule_refusals_told(&api), 1, "nothing told again");
 
         // The refusing pod upgraded: the refusal goes.
-        let mut slice = config_slice(
-            "cftunnel-system",
-            "cftunnel-proxy",
-            pool.admin_addr().port(),
-            true,
-        );
-        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        api.put(slice);
+        api.put(pool_slice(pool.admin_addr().port(), true));
         eventually("the refusal gone", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
                 .is_none()
@@ -6109,9 +6098,7 @@ async fn a_refusal_stands_while_the_pod_replacing_its_pod_does_not_answer() {
             .expect("the replacing pod starts");
         let open = Arc::new(AtomicBool::new(false));
         let gate = support::gated_port(replacing.addr(), Arc::clone(&open)).await;
-        let mut slice = config_slice("cftunnel-system", "cftunnel-proxy", gate.port(), true);
-        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        api.put(slice);
+        api.put(pool_slice(gate.port(), true));
         eventually("pushes to the replacing pod failing", || {
             (push_failures(&health, "shared") >= 3).then_some(())
         })
@@ -6161,13 +6148,7 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
         let refused = cors_refused_and_told(&api).await;
 
         let (dropped, _watching) = written_without(&api, "cors", "RuleRefused");
-        let mut slice = config_slice(
-            "cftunnel-system",
-            "cftunnel-proxy",
-            older.addr().port(),
-            true,
-        );
-        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
+        let mut slice = pool_slice(older.addr().port(), true);
         slice["endpoints"] = json!([]);
         let (stop, controller, health) = if new_leader {
             stop_controller(stop, controller).await;
@@ -6188,14 +6169,7 @@ async fn refusal_through_rounds_with_no_pod_listed(new_leader: bool) {
         let successor = OlderProxy::start(pool.admin_addr())
             .await
             .expect("the successor starts");
-        let mut slice = config_slice(
-            "cftunnel-system",
-            "cftunnel-proxy",
-            successor.addr().port(),
-            true,
-        );
-        slice["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        api.put(slice);
+        api.put(pool_slice(successor.addr().port(), true));
         refused_again_by(&api, &health, successor.addr(), &dropped).await;
         stop_controller(stop, controller).await;
     })
@@ -6337,14 +6311,12 @@ async fn a_route_whose_two_planes_both_refuse_a_rule_is_told_of_each() {
 
         // The pool's pod upgraded: its parent clears, the other still says what edge's pod
         // refuses, and nothing more is told.
-        let mut slice = config_slice(
+        t.api.put(config_slice(
             "cftunnel-system",
             "cftunnel-proxy",
             pool.admin_addr().port(),
             true,
-        );
-        slice["metadata"]["name"] = json!("cftunnel-proxy-x1");
-        t.api.put(slice);
+        ));
         eventually("the public parent cleared", || {
             parent_condition(&t.api, cors, "public", PROXY_CONFIG_PUSHED)
                 .is_none()

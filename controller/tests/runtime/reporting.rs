@@ -28,9 +28,9 @@ use serde_json::{json, Value};
 
 use super::{
     closed_port, config_slice, counted, host_serves, internal_failing_beside_edge, older_pool,
-    on_the_pool, pool_controller, proxy_pod, push_failures, route_condition, route_parent,
-    rule_refusals_told, seeded_shared_plane, shared_seed, shop_serves, stop_controller, uuid_of,
-    written_without, Tenant, CORS_ROUTE, PROXY_CONFIG_PUSHED, TUNNEL_ID,
+    on_the_pool, pool_controller, pool_slice, proxy_pod, push_failures, route_condition,
+    route_parent, rule_refusals_told, seeded_shared_plane, shared_seed, shop_serves,
+    stop_controller, uuid_of, written_without, Tenant, CORS_ROUTE, PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
 use crate::support::{self, condition, eventually, yaml};
 
@@ -2116,10 +2116,7 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_
         stop_controller(stop, controller).await;
 
         let (down, _down) = closed_port();
-        let mut upgraded = config_slice("cftunnel-system", "cftunnel-proxy", 0, true);
-        upgraded["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        upgraded["ports"][0]["port"] = json!(pool.admin_addr().port());
-        api.put(upgraded);
+        api.put(pool_slice(pool.admin_addr().port(), true));
         api.put(config_slice(
             "cftunnel-system",
             "cftunnel-proxy",
@@ -2150,10 +2147,7 @@ async fn a_refusal_a_new_leader_kept_goes_once_the_up_pod_takes_the_rule_beside_
         assert!(route_condition(&api, "tenant-s", "www", PROXY_CONFIG_PUSHED).is_none());
         assert_eq!(rule_refusals_told(&api), 1);
 
-        let mut rolled_back = config_slice("cftunnel-system", "cftunnel-proxy", 0, true);
-        rolled_back["metadata"]["name"] = json!("cftunnel-proxy-p1");
-        rolled_back["ports"][0]["port"] = json!(older.addr().port());
-        api.put(rolled_back);
+        api.put(pool_slice(older.addr().port(), true));
         // The pod holds the document the upgraded one took (both front one proxy): a route
         // added, the document changes and is pushed, leaving the CORS route as it was.
         api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
