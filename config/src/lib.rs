@@ -40,7 +40,9 @@ pub mod valid;
 
 pub use document::*;
 pub use duration::{Duration, ParseDurationError};
-pub use token::{check_account_tag, Token, TokenError, ACCOUNT_TAG_RULE};
+pub use token::{
+    check_account_tag, is_region_label, Token, TokenError, ACCOUNT_TAG_RULE, REGION_RULE,
+};
 
 #[cfg(test)]
 mod tests;

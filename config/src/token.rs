@@ -44,13 +44,30 @@ pub enum TokenError {
     /// `t` (tunnel id) is missing or not a UUID string.
     #[error("tunnel token field `t` (tunnel id) is missing or not a UUID string")]
     TunnelId,
-    /// `e` (endpoint) is present but not a string holding a plain region name.
-    #[error("tunnel token field `e` (endpoint) is not a valid region name")]
+    /// `e` (endpoint) is present but not a string holding a region name
+    /// ([`is_region_label`]).
+    #[error("tunnel token field `e` (endpoint) is not a string of {REGION_RULE}")]
     Endpoint,
 }
 
 /// What an account tag may be, as a phrase: what [`check_account_tag`] accepts.
 pub const ACCOUNT_TAG_RULE: &str = "1 to 64 ASCII letters, digits, '-' or '_'";
+
+/// What an edge region may be, as a phrase: what [`is_region_label`] accepts.
+pub const REGION_RULE: &str =
+    "1 to 63 ASCII letters, digits or '-', not starting or ending with '-'";
+
+/// Whether `region` may name an edge region ([`REGION_RULE`]): a token's endpoint or a
+/// configured region, which discovery places in a DNS name (`_<region>-v2-origintunneld...`),
+/// so it must be one DNS label.
+pub fn is_region_label(region: &str) -> bool {
+    (1..=63).contains(&region.len())
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !region.starts_with('-')
+        && !region.ends_with('-')
+}
 
 /// The longest account tag accepted, in bytes.
 const MAX_ACCOUNT_TAG: usize = 64;
@@ -174,15 +191,8 @@ impl FromStr for Token {
         let endpoint = match wire.e {
             None => None,
             Some(e) if e.is_empty() => None,
-            Some(e) => {
-                if !e
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                {
-                    return Err(TokenError::Endpoint);
-                }
-                Some(e)
-            }
+            Some(e) if is_region_label(&e) => Some(e),
+            Some(_) => return Err(TokenError::Endpoint),
         };
         Ok(Self {
             account_tag,
@@ -264,6 +274,28 @@ mod tests {
                 TokenError::Endpoint,
             ),
         ];
+        // Not one DNS label, so discovery could never find the region's edge.
+        let long = "r".repeat(64);
+        for e in ["-x", "x-", "a_b", "us.evil", long.as_str()] {
+            let input = enc(&format!(r#"{{"a":"x","s":"AAEC","t":"{ID}","e":"{e}"}}"#));
+            assert_eq!(
+                input.parse::<Token>().unwrap_err(),
+                TokenError::Endpoint,
+                "{e}"
+            );
+        }
+        let longest = "r".repeat(63);
+        let input = enc(&format!(
+            r#"{{"a":"x","s":"AAEC","t":"{ID}","e":"{longest}"}}"#
+        ));
+        assert_eq!(
+            input
+                .parse::<Token>()
+                .ok()
+                .as_ref()
+                .and_then(Token::endpoint),
+            Some(longest.as_str())
+        );
         for (input, want) in cases {
             assert_eq!(input.parse::<Token>().unwrap_err(), want, "{input}");
         }

@@ -815,7 +815,8 @@ fn a_token_file_that_cannot_be_used_is_refused_at_start_naming_it() {
 }
 
 /// `TUNNEL_REGION` is checked at start: refused with a token that names its own endpoint
-/// (`cloudflared` refuses the pair too) and when it cannot be part of a DNS name.
+/// (`cloudflared` refuses the pair too) and when it cannot be part of a DNS name; so is a
+/// token's endpoint.
 #[test]
 fn a_region_that_cannot_be_used_is_refused_at_start() {
     use base64::Engine as _;
@@ -828,7 +829,7 @@ fn a_region_that_cannot_be_used_is_refused_at_start() {
         (
             connector::token().encode(),
             "us.example.com",
-            "not a DNS label",
+            "is not 1 to 63 ASCII letters, digits or '-'",
         ),
     ] {
         let err = refused_at_start(&[
@@ -838,6 +839,19 @@ fn a_region_that_cannot_be_used_is_refused_at_start() {
         assert!(
             err.contains("TUNNEL_REGION") && err.contains(problem),
             "{err}"
+        );
+    }
+    // A token's own endpoint is held to the same rule: one that discovery could never find
+    // is refused at start, not retried for ever.
+    for endpoint in ["-fed", "fed_1", &"r".repeat(64)] {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!(
+            r#"{{"a":"acct","s":"AAEC","t":"{}","e":"{endpoint}"}}"#,
+            uuid::Uuid::new_v4()
+        ));
+        let err = refused_at_start(&[("TUNNEL_TOKEN", token.as_ref())]);
+        assert!(
+            err.contains("`e` (endpoint)") && err.contains("1 to 63 ASCII letters"),
+            "{endpoint}: {err}"
         );
     }
 }

@@ -41,6 +41,9 @@ pub enum ConnectorError {
     /// `ha_connections` is zero.
     #[error("ha_connections must be at least 1")]
     NoConnections,
+    /// `ha_connections` is more than a connection index tells apart.
+    #[error("ha_connections is {0}, over {MAX_HA_CONNECTIONS}: a connection's index is one byte")]
+    TooManyConnections(usize),
     /// `http2_retry` is under a second: the connections would move to HTTP/2 and
     /// back without end where HTTP/2 does not reach the edge.
     #[error("http2_retry must be at least 1s, not {0:?}")]
@@ -53,7 +56,7 @@ pub enum ConnectorError {
         endpoint: String,
     },
     /// A region that cannot be part of a DNS name.
-    #[error("region {0:?} is not a DNS label (letters, digits and '-')")]
+    #[error("region {0:?} is not {rule}", rule = cftunnel_config::REGION_RULE)]
     Region(String),
     /// [`Connector::start`] was called outside a Tokio runtime.
     #[error("the connector must be started inside a Tokio runtime")]
@@ -85,6 +88,9 @@ impl Connector {
     pub fn new(token: Token, opts: ConnectorOptions) -> Result<Self, ConnectorError> {
         if opts.ha_connections == 0 {
             return Err(ConnectorError::NoConnections);
+        }
+        if opts.ha_connections > MAX_HA_CONNECTIONS {
+            return Err(ConnectorError::TooManyConnections(opts.ha_connections));
         }
         if opts.http2_retry < HTTP2_RETRY_MIN {
             return Err(ConnectorError::Http2Retry(opts.http2_retry));
@@ -485,13 +491,7 @@ fn edge_region<'a>(
             endpoint: endpoint.to_owned(),
         });
     }
-    let label = region.len() <= 63
-        && region
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        && !region.starts_with('-')
-        && !region.ends_with('-');
-    if !label {
+    if !cftunnel_config::is_region_label(region) {
         return Err(ConnectorError::Region(region.to_owned()));
     }
     Ok(Some(region))
@@ -548,6 +548,10 @@ fn complete(shared: &Shared, entries: &[(SocketAddr, u8)]) -> bool {
         entries.len() == shared.opts.edges.len()
     }
 }
+
+/// The most connections one connector keeps: each registers with its own one-byte index
+/// (`connIndex`), and the edge refuses a second connection on an index in use.
+pub const MAX_HA_CONNECTIONS: usize = 256;
 
 /// The wait before the edge is looked up again for addresses a lookup left out, doubled after
 /// each lookup that still leaves some out, up to [`REFILL_MAX`].

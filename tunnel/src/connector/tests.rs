@@ -462,6 +462,28 @@ fn an_http2_retry_under_a_second_is_refused() {
     assert!(Connector::new(token(), with_retry(Duration::from_secs(1))).is_ok());
 }
 
+/// More connections than a one-byte index tells apart are refused at start, as none are: past
+/// 256 the indexes would repeat and the edge refuse all but one connection on each.
+#[test]
+fn more_connections_than_an_index_tells_apart_are_refused() {
+    let token = || Token::new("test-account", vec![7u8; 32], Uuid::new_v4());
+    let with_ha = |ha_connections| ConnectorOptions {
+        ha_connections,
+        ..ConnectorOptions::default()
+    };
+    assert!(matches!(
+        Connector::new(token(), with_ha(0)),
+        Err(ConnectorError::NoConnections)
+    ));
+    let err = Connector::new(token(), with_ha(MAX_HA_CONNECTIONS + 1)).unwrap_err();
+    assert!(
+        matches!(err, ConnectorError::TooManyConnections(257)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("over 256"), "{err}");
+    assert!(Connector::new(token(), with_ha(MAX_HA_CONNECTIONS)).is_ok());
+}
+
 /// The failed first QUIC attempt of a connection that left HTTP/2 tells of an outage whatever
 /// failed (the dial, the control stream, a refusal, retryable or not, an RPC): QUIC did not
 /// register either, and an edge that recovers must not have its first QUIC registration

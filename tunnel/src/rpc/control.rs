@@ -231,7 +231,7 @@ async fn call_register(
         connection_response::result::Which::Error(e) => {
             let e = e?;
             Ok(RegisterOutcome::Refused(EdgeRefusal {
-                cause: edge_text(e.get_cause()?)?,
+                cause: edge_text(e.get_cause()?),
                 retry_after: Duration::from_nanos(e.get_retry_after().max(0) as u64),
                 should_retry: e.get_should_retry(),
             }))
@@ -241,7 +241,7 @@ async fn call_register(
             let uuid = Uuid::from_slice(d.get_uuid()?).unwrap_or(Uuid::nil());
             Ok(RegisterOutcome::Registered(ConnectionDetails {
                 uuid,
-                location: edge_text(d.get_location_name()?)?,
+                location: edge_text(d.get_location_name()?),
                 remotely_managed: d.get_tunnel_is_remotely_managed(),
             }))
         }
@@ -254,52 +254,61 @@ async fn call_register(
 const EDGE_TEXT_BYTES: usize = 256;
 
 /// A text from the edge, cut to [`EDGE_TEXT_BYTES`] on a character boundary and marked `…`
-/// where it was cut. What is kept must be UTF-8.
-fn edge_text(text: capnp::text::Reader<'_>) -> Result<String, RpcError> {
+/// where it was cut. Bytes that are not UTF-8 are shown as `U+FFFD`: Go peers put any bytes in
+/// a `Text`, and these texts are only logged and matched, so a stray byte must not turn a
+/// registration the edge made into a failure retried without end.
+fn edge_text(text: capnp::text::Reader<'_>) -> String {
     let bytes = text.as_bytes();
-    if bytes.len() <= EDGE_TEXT_BYTES {
-        return Ok(std::str::from_utf8(bytes)?.to_owned());
-    }
-    let head = &bytes[..EDGE_TEXT_BYTES];
-    let kept = match std::str::from_utf8(head) {
-        Ok(kept) => kept,
-        // The cut went through a character: kept up to it.
-        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()])?,
-        Err(e) => return Err(e.into()),
+    let Some(head) = bytes
+        .get(..EDGE_TEXT_BYTES)
+        .filter(|_| bytes.len() > EDGE_TEXT_BYTES)
+    else {
+        return String::from_utf8_lossy(bytes).into_owned();
     };
-    Ok(format!("{kept}\u{2026}"))
+    let head = match std::str::from_utf8(head) {
+        // The cut went through a character: kept up to it.
+        Err(e) if e.error_len().is_none() => &head[..e.valid_up_to()],
+        _ => head,
+    };
+    format!("{}\u{2026}", String::from_utf8_lossy(head))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn text(bytes: &[u8]) -> Result<String, RpcError> {
+    fn text(bytes: &[u8]) -> String {
         edge_text(capnp::text::Reader::from(bytes))
     }
 
     #[test]
     fn edge_texts_are_cut_on_a_character_boundary() {
-        assert_eq!(text(b"EDUPCONN"), Ok("EDUPCONN".to_owned()));
+        assert_eq!(text(b"EDUPCONN"), "EDUPCONN");
         let whole = "x".repeat(EDGE_TEXT_BYTES);
-        assert_eq!(text(whole.as_bytes()), Ok(whole.clone()), "kept whole");
+        assert_eq!(text(whole.as_bytes()), whole, "kept whole");
         let long = format!("Unauthorized: {}", "x".repeat(1 << 20));
-        let cut = text(long.as_bytes()).expect("UTF-8");
+        let cut = text(long.as_bytes());
         assert_eq!(cut, format!("{}\u{2026}", &long[..EDGE_TEXT_BYTES]));
         // `é` is two bytes: the one that would be cut in two goes.
         let accents = "é".repeat(EDGE_TEXT_BYTES);
-        let cut = text(format!("a{accents}").as_bytes()).expect("UTF-8");
+        let cut = text(format!("a{accents}").as_bytes());
         assert_eq!(
             cut,
             format!("a{}\u{2026}", "é".repeat(EDGE_TEXT_BYTES / 2 - 1))
         );
-        // What is kept must be UTF-8; what is cut off is not read.
-        assert!(text(b"bad \xff byte").is_err());
+        // A byte that is not UTF-8 is shown, not refused; what is cut off is not read.
+        assert_eq!(text(b"bad \xff byte"), "bad \u{FFFD} byte");
+        let mut long_bad = b"\xff".to_vec();
+        long_bad.extend(b"x".repeat(EDGE_TEXT_BYTES));
+        assert_eq!(
+            text(&long_bad),
+            format!("\u{FFFD}{}\u{2026}", "x".repeat(EDGE_TEXT_BYTES - 1))
+        );
         let mut tail = b"x".repeat(EDGE_TEXT_BYTES);
         tail.push(0xff);
         assert_eq!(
             text(&tail),
-            Ok(format!("{}\u{2026}", "x".repeat(EDGE_TEXT_BYTES)))
+            format!("{}\u{2026}", "x".repeat(EDGE_TEXT_BYTES))
         );
     }
 }
