@@ -228,21 +228,32 @@ impl Sent {
     /// backend's connection takes nothing more. A body waiting on its client is not stalled,
     /// however long (its own bound is [`Quiet`]'s). `limit` is asked again as time passes,
     /// since it may depend on the protocol the try goes over; `None`: no bound for now.
+    ///
+    /// Also `Err` at `unasked_until` if nothing has asked the body for a frame by then: the try
+    /// is still dialing, handshaking or waiting for its connection, which the try's bound
+    /// counts from its start, as for a body held whole.
     pub async fn closed_within(
         &mut self,
         limit: impl Fn() -> Option<Duration>,
+        unasked_until: Option<tokio::time::Instant>,
     ) -> Result<(), BodyStalled> {
         /// How soon a try without a bound for now looks again.
         const UNBOUNDED_LOOK: Duration = Duration::from_secs(1);
         let handed = &self.handed;
         let stalled = async {
             loop {
+                let unasked = unasked_until.filter(|_| !handed.asked());
+                let now = tokio::time::Instant::now();
+                if unasked.is_some_and(|until| until <= now) {
+                    return;
+                }
                 let wait = match (limit(), handed.waiting()) {
                     (None, _) => UNBOUNDED_LOOK,
                     (Some(limit), Some(waited)) if waited >= limit => return,
                     (Some(limit), Some(waited)) => limit - waited,
                     (Some(limit), None) => limit,
                 };
+                let wait = unasked.map_or(wait, |until| wait.min(until - now));
                 tokio::time::sleep(wait).await;
             }
         };
@@ -262,18 +273,28 @@ pub struct BodyStalled;
 struct Handed {
     origin: tokio::time::Instant,
     /// Milliseconds from `origin` to that frame, plus one; 0 while the body's last poll
-    /// waited on its client, or it has ended.
+    /// waited on its client, or it has ended; [`NEVER_ASKED`] until it is first polled.
     at: AtomicU64,
 }
 
+/// [`Handed::at`] before anything has asked the body for a frame.
+const NEVER_ASKED: u64 = u64::MAX;
+
 impl Handed {
     fn mark(&self) {
-        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-        self.at.store(ms + 1, Ordering::Relaxed);
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.at
+            .store(ms.saturating_add(1).min(NEVER_ASKED - 1), Ordering::Relaxed);
+    }
+
+    /// Whether anything has asked the body for a frame yet.
+    fn asked(&self) -> bool {
+        self.at.load(Ordering::Relaxed) != NEVER_ASKED
     }
 
     fn waiting(&self) -> Option<Duration> {
-        let at = self.at.load(Ordering::Relaxed).checked_sub(1)?;
+        let at = self.at.load(Ordering::Relaxed);
+        let at = at.checked_sub(1).filter(|_| at != NEVER_ASKED)?;
         Some(
             self.origin
                 .elapsed()
@@ -298,7 +319,7 @@ impl<B> Notify<B> {
         let (sent, closed) = tokio::sync::oneshot::channel();
         let handed = Arc::new(Handed {
             origin: tokio::time::Instant::now(),
-            at: AtomicU64::new(0),
+            at: AtomicU64::new(NEVER_ASKED),
         });
         let body = Self {
             inner,

@@ -357,10 +357,12 @@ impl Upstream {
             tokio::select! {
                 res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
                 // `Err`: the backend's connection took part of the body and then nothing for
-                // the timeout; waiting for the rest would hold the request, its client and the
-                // connection for as long as the client keeps its upload open.
-                sent = sent.closed_within(|| Some(timeout)) => match sent {
+                // the timeout (waiting for the rest would hold the request, its client and the
+                // connection for as long as the client keeps its upload open), or the try had
+                // no connection to send it on by its deadline.
+                sent = sent.closed_within(|| Some(timeout), Some(deadline)) => match sent {
                     Ok(()) => deadline = Instant::now() + timeout,
+                    Err(_) if wait.is_waiting() => return Err(ForwardError::Saturated),
                     Err(_) => return Err(ForwardError::Timeout),
                 },
             }
@@ -396,8 +398,9 @@ where
         let limit = || if wait.went_over_http2() { http2 } else { http1 };
         tokio::select! {
             res = fut.as_mut() => return res.map(|resp| (resp, None)),
-            sent = sent.closed_within(limit) => match sent {
+            sent = sent.closed_within(limit, http1.map(|t| from + t)) => match sent {
                 Ok(()) => from = Instant::now(),
+                Err(_) if wait.is_waiting() => return Err(ForwardError::Saturated),
                 Err(_) => return Err(ForwardError::Timeout),
             },
         }

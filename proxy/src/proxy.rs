@@ -350,13 +350,20 @@ impl Proxy {
         let rule: &Rule = hit.rule;
         completion.log_route(rule.name.as_deref(), routes.host_label(Some(hit.bucket.id)));
         cors.add(rule.filters.cors.as_deref(), &parts.headers);
+        // The request timeout bounds the whole exchange from the request's arrival: the access
+        // check (which may wait for its keys) and reading a buffered body too.
+        let deadline = rule.request_timeout.map(|t| completion.started() + t);
         let identity = match &rule.access {
-            Some(access) => Some(
-                access
-                    .check(&parts.headers)
-                    .await
-                    .map_err(ProxyError::AccessDenied)?,
-            ),
+            Some(access) => {
+                let check = access.check(&parts.headers);
+                let checked = match deadline {
+                    Some(at) => tokio::time::timeout_at(at, check)
+                        .await
+                        .map_err(|_| ProxyError::RequestTimeout)?,
+                    None => check.await,
+                };
+                Some(checked.map_err(ProxyError::AccessDenied)?)
+            }
             None => None,
         };
         if let Some(status) = rule.unavailable {
@@ -422,8 +429,6 @@ impl Proxy {
         let replay_needed = rule.retry.is_some()
             || !rule.filters.mirrors.is_empty()
             || !backend.filters.mirrors.is_empty();
-        // The request timeout bounds reading a buffered body too.
-        let deadline = rule.request_timeout.map(|t| Instant::now() + t);
         let read = Payload::read(counted, replay_needed, !grpc);
         let read = match deadline {
             Some(at) => tokio::time::timeout_at(at, read)

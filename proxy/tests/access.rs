@@ -708,6 +708,40 @@ async fn a_token_naming_a_key_published_during_a_fetch_waits_for_the_next_fetch(
     .expect("test finishes in time");
 }
 
+/// A rule's request timeout counts from the request's arrival, so a check waiting for the
+/// team's keys (a token naming a key id not yet fetched, the key endpoint slow) is cut off at
+/// it with 504, rather than holding the request for as long as the fetch takes.
+#[tokio::test]
+async fn the_request_timeout_bounds_a_check_waiting_for_keys() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("key");
+        let s = setup(&[&key], |_| {}).await;
+        let doc = json!({"rules": [
+            {"hostnames": ["app.example.com"], "name": "team/app/0",
+             "backends": [{"url": url(s.backend.http_addr())}],
+             "access": {"teamName": TEAM, "audiences": [AUD]},
+             "timeouts": {"request": "300ms"}},
+        ]});
+        assert_eq!(
+            push(&s.http, s.proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        s.front.set_delay(Duration::from_millis(3000));
+        let unknown = s.token(&SigningKey::rs256("not-yet-fetched"));
+        let started = std::time::Instant::now();
+        let reply = s.call("/slow-keys", Some(&unknown)).await;
+        assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(s.backend.count_echoed("/slow-keys"), 0);
+    })
+    .await
+    .expect("test finishes in time");
+}
+
 /// Past the stale period a request does not wait for the fetch task's next retry, which after a
 /// long outage is a whole refresh period away: it asks for a fetch (at most one per pause), so
 /// the endpoint's return is seen within moments.

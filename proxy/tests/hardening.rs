@@ -234,6 +234,41 @@ async fn an_upload_the_backend_stops_taking_times_out() {
     .expect("test finished in time");
 }
 
+/// A streamed upload whose try never gets a connection to send it on (a TLS backend that
+/// accepts and never answers the handshake) gets the rule's timeout counted from the try's
+/// start, as a body held whole does, not the dial's own 10 s.
+#[tokio::test]
+async fn an_upload_whose_backend_never_finishes_its_handshake_times_out() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"timeouts": {"backend": "500ms"}, "backends": [{"url": format!("https://{backend}"), "weight": 1}]}
+        ]})).await;
+
+        // Past the 64 KiB held whole: streamed.
+        let (answer, took) = answer_to_a_held_upload(
+            proxy.data_addr(),
+            "POST /upload HTTP/1.1\r\nhost: h\r\n",
+            1024 * 1024,
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+        assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
+        held.abort();
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn forwarding_headers_keep_every_earlier_hop() {
     tokio::time::timeout(TEST_TIMEOUT, async {

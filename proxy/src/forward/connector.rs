@@ -95,7 +95,8 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
         return Ok(Stream::Plain(tcp));
     };
     let handshake = tls.connector().connect(tls.server_name().clone(), tcp);
-    let stream = tokio::time::timeout(t.timeout, handshake)
+    // Within the dial's one bound, as the docs give it: not a second one of its own.
+    let stream = tokio::time::timeout_at(deadline, handshake)
         .await
         .map_err(|_| err(ConnectErrorKind::Timeout, "TLS handshake timed out".into()))?
         .map_err(|e| err(handshake_error_kind(&e), e.to_string()))?;
