@@ -219,6 +219,12 @@ impl GrpcAnswer {
         };
         Some(Self { content_type })
     }
+
+    /// Whether the call is gRPC-Web's, whose status travels in a frame of the body: HTTP
+    /// trailers never reach its clients (browsers).
+    pub fn is_web(&self) -> bool {
+        self.content_type != "application/grpc"
+    }
 }
 
 fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {

@@ -177,8 +177,10 @@ impl Proxy {
         let grpc = grpc_answer.is_some();
         // Trailers reach a client over HTTP/2, and through the tunnel one that asks for them
         // (`TE: trailers`, as every gRPC client does). Over HTTP/1.1 hyper writes only trailers
-        // a `Trailer` header announced, and a cut body must show as one, so those are cut.
-        let trailers_at_deadline = grpc
+        // a `Trailer` header announced, and a cut body must show as one, so those are cut; so
+        // are gRPC-Web's, whose status would have to be a frame of the body, which may be
+        // cut mid-message.
+        let trailers_at_deadline = grpc_answer.is_some_and(|a| !a.is_web())
             && (parts.version == http::Version::HTTP_2
                 || (conn.trusted_forwarding
                     && parts

@@ -1826,6 +1826,47 @@ async fn a_grpc_stream_cut_at_its_deadline_ends_with_deadline_exceeded() {
     .expect("test finished in time");
 }
 
+/// A gRPC-Web call still streaming at its rule's deadline is cut (its stream reset), not ended
+/// cleanly with HTTP trailers: its clients read the status from a frame of the body, never from
+/// trailers, and a clean end would pass a cut answer off as whole.
+#[tokio::test]
+async fn a_grpc_web_stream_cut_at_its_deadline_shows_as_cut() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = endless_grpc_backend().await;
+        let http = client();
+        let proxy = proxy().await;
+        let doc = json!({"rules": [
+            rule("/", json!({"timeouts": {"request": "300ms"}, "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+
+        let (mut sender, _task) = cftunnel_testkit::client::connect_h2c(proxy.data_addr())
+            .await
+            .expect("connect");
+        let req = http::Request::post("http://h/pkg.Svc/Watch")
+            .header("content-type", "application/grpc-web+proto")
+            .header("te", "trailers")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let mut messages = 0;
+        let end = loop {
+            match http_body_util::BodyExt::frame(&mut body).await {
+                Some(Ok(frame)) if frame.is_trailers() => break format!("trailers {:?}", frame.into_trailers().ok()),
+                Some(Ok(_)) => messages += 1,
+                Some(Err(e)) => break format!("cut: {e}"),
+                None => break "a clean end".to_owned(),
+            }
+        };
+        assert!(messages > 0, "messages came before the deadline");
+        assert!(end.starts_with("cut"), "{end}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A `publicOnly` backend is dialled only at public addresses: one on loopback, named by
 /// address or by name, is refused with 502 (reason `dial`) before any connection is opened,
 /// while the same backend without the flag is reached.
