@@ -174,7 +174,6 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc_answer = GrpcAnswer::of(&parts.headers);
-        let grpc = grpc_answer.is_some();
         // Trailers reach a client over HTTP/2, and through the tunnel one that asks for them
         // (`TE: trailers`, as every gRPC client does). Over HTTP/1.1 hyper writes only trailers
         // a `Trailer` header announced, and a cut body must show as one, so those are cut; so
