@@ -16,6 +16,8 @@ mod alerts;
 mod controller;
 #[path = "chart/files.rs"]
 mod files;
+#[path = "chart/isolation.rs"]
+mod isolation;
 #[path = "chart/ownership.rs"]
 mod ownership;
 #[path = "chart/pods.rs"]

@@ -680,7 +680,7 @@ pub fn render(
     let infrastructure = gateway.spec.infrastructure.as_ref();
     let extra_labels = infrastructure
         .and_then(|i| i.labels.clone())
-        .map(tenant_keys)
+        .map(tenant_labels)
         .unwrap_or_default();
     let extra_annotations = infrastructure
         .and_then(|i| i.annotations.clone())
@@ -1034,6 +1034,19 @@ fn default_resources() -> ResourceRequirements {
         ])),
         ..ResourceRequirements::default()
     }
+}
+
+/// Of a Gateway's infrastructure labels, those its plane's objects and pods carry: the
+/// [`tenant_keys`], less the two the Helm chart selects its shared proxy pool by (its Service,
+/// disruption budget, network policies, Deployment and ServiceMonitor). A plane's pods carry
+/// the pool's `app.kubernetes.io/name` ([`PROXY_POD_LABEL`]), which wins a clash; given the
+/// release's `app.kubernetes.io/instance` too, a plane in the release namespace would join the
+/// pool: pushed the pool's config with the pool's token, counted by its budget and autoscaler,
+/// held to its policies.
+fn tenant_labels(labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut labels = tenant_keys(labels);
+    labels.retain(|key, _| key != "app.kubernetes.io/instance" && key != PROXY_POD_LABEL.0);
+    labels
 }
 
 /// Of a Gateway's infrastructure labels or annotations, those its plane's objects carry: not

@@ -201,6 +201,69 @@ fn the_documented_example_renders_the_documented_objects() {
     }
 }
 
+/// The Helm chart selects its shared pool's pods by `app.kubernetes.io/instance` and
+/// `app.kubernetes.io/name`: a Gateway in the release namespace whose infrastructure labels
+/// name the release must not put its plane's pods behind the pool's Service, budget, policies
+/// and monitor. Other `app.kubernetes.io/` labels are the tenant's to set.
+#[test]
+fn infrastructure_labels_cannot_give_a_plane_the_shared_pools_labels() {
+    let mut s = snapshot(BASIC, "");
+    std::sync::Arc::make_mut(&mut s.gateways[0])
+        .spec
+        .infrastructure
+        .as_mut()
+        .and_then(|i| i.labels.as_mut())
+        .expect("the Gateway has infrastructure labels")
+        .extend(
+            [
+                ("app.kubernetes.io/instance", "cf"),
+                ("app.kubernetes.io/name", "cftunnel-proxy-pool"),
+                ("app.kubernetes.io/part-of", "billing"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+    let p = plane_with(&s, &settings()).expect("renders");
+    let template = p
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .expect("template metadata");
+    let carriers = [
+        ("Deployment", &p.deployment.metadata.labels),
+        ("pod template", &template.labels),
+        ("Service", &p.service.metadata.labels),
+        (
+            "NetworkPolicy",
+            &p.network_policy
+                .as_ref()
+                .expect("a NetworkPolicy")
+                .metadata
+                .labels,
+        ),
+    ];
+    for (what, labels) in carriers {
+        let labels = labels.as_ref().expect("labels");
+        let get = |k: &str| labels.get(k).map(String::as_str);
+        assert_eq!(get("team"), Some("a"), "{what}: {labels:?}");
+        assert_eq!(
+            get("app.kubernetes.io/part-of"),
+            Some("billing"),
+            "{what}: {labels:?}"
+        );
+        assert_eq!(
+            get("app.kubernetes.io/instance"),
+            None,
+            "{what}: {labels:?}"
+        );
+        assert_eq!(
+            get(PROXY_POD_LABEL.0),
+            Some(PROXY_POD_LABEL.1),
+            "{what}: {labels:?}"
+        );
+    }
+}
+
 /// A GatewayClass name may run to 253 characters, a label value to 63: the plane of a Gateway
 /// of such a class still says which class it was rendered for, on every object and the pods,
 /// so another installation cannot take it for one of its own.

@@ -603,7 +603,8 @@ async fn remove_go_controller_objects(
 }
 
 /// A new config-API token for a generated Secret: 32 bytes of the system random source, hex.
-/// [`render::resolve`] renders with it when the Secret does not exist yet.
+/// [`render::resolve`] renders with it when the Secret does not exist yet, or holds no token a
+/// proxy takes.
 ///
 /// # Errors
 /// The random source failed.
@@ -625,12 +626,17 @@ pub struct AuthSecret {
     pub leftover: bool,
 }
 
-/// Creates the generated config-API token Secret when it is missing and never changes an
-/// existing one's data: the token is never rotated, even when the caller's cached view of the
-/// Secret lags and it rendered a fresh token. Its labels and annotations are applied as the
-/// other plane objects' are; those the render no longer has that were set when the Secret was
-/// created with them (as earlier versions and the Go controller create it) are removed, unless
-/// someone else set them too. Returns the token the cluster's Secret holds and its key.
+/// Creates the generated config-API token Secret when it is missing, and never changes the
+/// token of an existing one that a proxy takes: that token is never rotated, even when the
+/// caller's cached view of the Secret lags and it rendered a fresh token. One that holds no
+/// token a proxy takes (edited to one the proxy refuses at start, or emptied) is given the
+/// token `secret` holds, which the caller rendered, as the render does: otherwise the pods
+/// would exit at start and every round would render a fresh token the Secret does not hold.
+/// That write is made for the Secret as read; refused as outdated, the apply fails and the next
+/// round tries again. Its labels and annotations are applied as the other plane objects' are;
+/// those the render no longer has that were set when the Secret was created with them (as
+/// earlier versions and the Go controller create it) are removed, unless someone else set them
+/// too. Returns the token the cluster's Secret holds and its key.
 pub async fn ensure_auth_secret(
     client: &Client,
     secret: &Secret,
@@ -639,19 +645,16 @@ pub async fn ensure_auth_secret(
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    // The token as `render::resolve` reads it: the first of its keys the Secret has, as text a
+    // proxy takes. Read otherwise, a Secret the render draws a fresh token for would be left
+    // as it is, and the plane applied again at every round.
     let held = |s: &Secret| {
-        [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
-            .iter()
-            .find_map(|key| {
-                let value = s.data.as_ref()?.get(*key)?;
-                let token = std::str::from_utf8(&value.0).ok()?.trim();
-                (!token.is_empty()).then(|| (token.to_owned(), (*key).to_owned()))
-            })
-            .ok_or_else(|| {
-                format!(
-                    "Secret {namespace}/{name} holds neither {DEFAULT_AUTH_TOKEN_KEY:?} nor {LEGACY_AUTH_TOKEN_KEY:?}"
-                )
-            })
+        let data = s.data.as_ref()?;
+        let (key, value) = [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
+            .into_iter()
+            .find_map(|key| Some((key, data.get(key)?)))?;
+        let token = cftunnel_config::auth_token::check(std::str::from_utf8(&value.0).ok()?).ok()?;
+        Some((token.to_owned(), key.to_owned()))
     };
     let existing = read_taking_over(client, secret).await?;
     let mut existing = match existing {
@@ -678,7 +681,16 @@ pub async fn ensure_auth_secret(
             "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
         ));
     }
-    let (token, key) = held(&existing)?;
+    let (token, key) = match held(&existing) {
+        Some(held) => held,
+        None => {
+            let (token, key) = held(secret).ok_or_else(|| {
+                format!("the render of Secret {namespace}/{name} holds no token a proxy takes")
+            })?;
+            existing = write_token(&api, &existing, &token, &key).await?;
+            (token, key)
+        }
+    };
     // A label or annotation the render dropped that the Secret was created with (by an
     // earlier version, or the Go controller) is the create's field, which no apply of ours
     // removes: a merge patch does, made for the Secret as read (its resourceVersion) so that
@@ -712,8 +724,8 @@ pub async fn ensure_auth_secret(
         }
     }
     // Its labels and annotations (the plane's, and the Gateway's infrastructure ones) are
-    // applied, its data never written again: an apply naming no data leaves it as it is. One
-    // the render no longer has goes with the next apply, unless someone else set it too.
+    // applied, its data not: an apply naming no data leaves it as it is. One the render no
+    // longer has goes with the next apply, unless someone else set it too.
     let lacks = |want: &Option<BTreeMap<String, String>>,
                  have: &Option<BTreeMap<String, String>>| {
         want.iter()
@@ -754,6 +766,51 @@ pub async fn ensure_auth_secret(
         key,
         leftover,
     })
+}
+
+/// Writes `token` under `key` into the generated Secret `existing`, which holds no token a
+/// proxy takes, and returns it as written. The key the render reads before `key` goes, so that
+/// the render reads `token`. A merge patch made for the Secret as read (its resourceVersion):
+/// a token someone wrote meanwhile is not overwritten, and is read at the next round.
+async fn write_token(
+    api: &Api<Secret>,
+    existing: &Secret,
+    token: &str,
+    key: &str,
+) -> Result<Secret, String> {
+    let namespace = existing.namespace().unwrap_or_default();
+    let name = existing.name_any();
+    let value = serde_json::to_value(k8s_openapi::ByteString(token.as_bytes().to_vec()))
+        .map_err(|e| format!("encoding the token of Secret {namespace}/{name}: {e}"))?;
+    let mut data: serde_json::Map<String, serde_json::Value> =
+        [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
+            .into_iter()
+            .take_while(|k| *k != key)
+            .map(|k| (k.to_owned(), serde_json::Value::Null))
+            .collect();
+    data.insert(key.to_owned(), value);
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": existing.metadata.resource_version },
+        "data": data,
+    });
+    let params = PatchParams {
+        field_manager: Some(super::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let written = api.patch(&name, &params, &Patch::Merge(&patch)).await;
+    match written {
+        Ok(written) => {
+            tracing::info!(
+                secret = %format!("{namespace}/{name}"),
+                "wrote a new config-API token into a generated Secret that held none a proxy takes"
+            );
+            Ok(written)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(format!(
+            "Secret {namespace}/{name} holds no config-API token a proxy takes and changed while a new one was written; it is read again at the next apply"
+        )),
+        Err(e) => Err(format!("writing a new token into Secret {namespace}/{name}: {e}")),
+    }
 }
 
 /// Whether `entry` records the server-side applies of `manager`.

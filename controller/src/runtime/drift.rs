@@ -120,7 +120,8 @@ impl OwnedFields {
 }
 
 /// Whether the generated token Secret the plane needs is there with the labels and annotations
-/// it was given (which is all that is applied to it: its token is never rewritten).
+/// it was given (which is all that is applied to it: a token a proxy takes is never rewritten,
+/// and one it does not take makes the render draw another, which the apply writes).
 pub(super) fn secret_intact(plane: &DataPlane, live: &LivePlane<'_>) -> bool {
     let Some(rendered) = &plane.auth_secret else {
         return true;

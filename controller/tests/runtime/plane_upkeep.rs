@@ -5,7 +5,8 @@
 //! of a move left on a Deployment after it, and a NetworkPolicy switched off that a finalizer
 //! holds. Likewise the shared pool's Deployment, whose stamp an admission webhook holds. A
 //! failed apply, or tunnel document write, is tried again as its wait ends, however quiet the
-//! cluster.
+//! cluster. A generated config-API token Secret edited to a token no proxy takes is written
+//! anew.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -1467,4 +1468,140 @@ async fn a_read_back_under_way_as_the_document_is_written_changes_nothing() {
         .await
         .unwrap_or_else(|_| panic!("in time (reads only: {reads_only})"));
     }
+}
+
+/// tenant-a's generated config-API token Secret.
+fn token_secret(t: &Tenant) -> Option<Value> {
+    t.api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+}
+
+/// The token a Secret holds under `token`, if a proxy takes it.
+fn token_a_proxy_takes(secret: &Value) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = secret.pointer("/data/token")?.as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("the API server's data is base64");
+    let text = String::from_utf8(bytes).ok()?;
+    cftunnel_config::auth_token::check(&text)
+        .ok()
+        .map(str::to_owned)
+}
+
+/// The credentials digest the render gives tenant-a's plane from the objects the API server
+/// holds now: what the pod template of its Deployment carries once it is applied.
+fn rendered_credentials_hash(t: &Tenant) -> Value {
+    use cftunnel_controller::render;
+    use k8s_openapi::api::core::v1::Secret;
+    let get = |api_version: &str, kind: &str, name: &str| {
+        t.api
+            .get(api_version, kind, "tenant-a", name)
+            .unwrap_or_else(|| panic!("{kind} tenant-a/{name}"))
+    };
+    let gateway: gateway_api::experimental::gateways::Gateway =
+        serde_json::from_value(get("gateway.networking.k8s.io/v1", "Gateway", "edge"))
+            .expect("a Gateway");
+    let config: cftunnel_controller::gateway_config::GatewayConfig = serde_json::from_value(get(
+        "cf.k8s.lex.la/v1alpha1",
+        "GatewayConfig",
+        "edge-config",
+    ))
+    .expect("a GatewayConfig");
+    let secrets: Vec<Arc<Secret>> = t
+        .api
+        .list("Secret")
+        .into_iter()
+        .map(|s| Arc::new(serde_json::from_value(s).expect("a Secret")))
+        .collect();
+    let credentials =
+        render::resolve(&gateway, &config, &secrets, "not drawn").expect("the credentials resolve");
+    let plane = render::render(&gateway, &config, &credentials, &Tenant::options().render)
+        .expect("the plane renders");
+    let annotations = plane
+        .deployment
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    json!(annotations.get(render::CREDENTIALS_HASH_ANNOTATION))
+}
+
+/// A generated token Secret edited to hold a token no proxy takes (a character outside
+/// printable ASCII, a line break inside) or no token at all: the proxy would refuse it at
+/// start, so its pods would exit and the rollout stick. Within a few rounds the Secret holds a
+/// new token a proxy takes, the Deployment's pods are rolled onto it, and the plane is left
+/// alone again: not applied at every round.
+#[tokio::test]
+async fn a_generated_token_secret_edited_to_a_token_no_proxy_takes_is_written_anew() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            // Without authTokenSecretRef: the controller generates the token Secret.
+            api.put(yaml(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n",
+            ));
+        })
+        .await;
+        let mut token = eventually("the generated token", || {
+            token_secret(&t).and_then(|s| token_a_proxy_takes(&s))
+        })
+        .await;
+        settled(&t.api).await;
+        let hash = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| {
+                    d.pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1credentials-hash")
+                        .cloned()
+                })
+        };
+        assert_eq!(hash(), Some(rendered_credentials_hash(&t)));
+
+        let (applies, _counting) = count(&t, |c| {
+            c.method == "PATCH" && c.kind == "Deployment" && c.name == Some("cf-proxy-edge")
+        });
+        for edit in [
+            Some("p\u{e4}ssword"),
+            Some("tok\nen"),
+            // Holds no token under either key.
+            None,
+        ] {
+            let mut secret = token_secret(&t).expect("the generated Secret");
+            if let Some(o) = secret.as_object_mut() {
+                o.remove("data");
+            }
+            if let Some(edit) = edit {
+                secret["stringData"] = json!({ "token": edit });
+            }
+            t.api.put(secret);
+            let anew = within(15, &format!("a token a proxy takes after {edit:?}"), || {
+                token_secret(&t)
+                    .and_then(|s| token_a_proxy_takes(&s))
+                    .filter(|new| *new != token)
+            })
+            .await;
+            token = anew;
+            settled(&t.api).await;
+            assert_eq!(
+                hash(),
+                Some(rendered_credentials_hash(&t)),
+                "the pods rolled onto the new token after {edit:?}"
+            );
+            assert_eq!(
+                token_secret(&t).and_then(|s| token_a_proxy_takes(&s)),
+                Some(token.clone()),
+                "the new token kept"
+            );
+            // Rounds every 100 ms: none applies the plane again.
+            let before = applies.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert_eq!(
+                applies.load(Ordering::SeqCst),
+                before,
+                "not applied at every round after {edit:?}"
+            );
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
 }
