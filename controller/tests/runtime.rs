@@ -3134,6 +3134,40 @@ async fn a_gateway_whose_credentials_are_missing_keeps_its_hostnames_in_its_tunn
     second_gateway_on_the_tunnel(&same, "missing-cf").await;
 }
 
+/// Two Gateways on one tunnel whose API credentials differ, those of the first (`edge`, first
+/// in key order) refused by the API: the other's write the tunnel's one document, listing both
+/// Gateways' hostnames, and no route of either says its tunnel's document failed.
+#[tokio::test]
+async fn one_gateways_refused_api_token_keeps_its_tunnels_document_from_no_other() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        // `edge`'s token, `cf-token-a`, is refused; `internal`'s is not.
+        cloudflare.allow("acct", "cf-token-b");
+        let edge = proxy_pod("s3cr3t").await;
+        let t = internal_joins_edge(&edge, &edge_token(), "internal-cf", &cloudflare.base()).await;
+        t.api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: internal-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-b}\n"));
+        let want = json!({"ingress": [
+            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("one document with both Gateways' hostnames", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
+        for route in ["shop", "intranet"] {
+            assert_eq!(route_condition(&t.api, "tenant-a", route, WRITTEN), None, "{route}");
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Gateway `internal` (hostname `internal.example.com`) joins tenant-a's Gateway `edge` on
 /// its tunnel with connector token `token` and API credentials Secret `credentials`: the
 /// tunnel's one document lists both Gateways' hostnames, and is not written again.

@@ -2891,6 +2891,11 @@ fn hosts_through<'s>(
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
 /// Returns, per plane, why its tunnel's document could not be written; and the planes whose
 /// tunnel's document is still on its way.
+///
+/// The planes of one tunnel may name different API credentials (each Gateway's
+/// GatewayConfig, or the controller's own): they are tried in the planes' order, the next when
+/// a write fails, so one Gateway's revoked or too narrow token does not keep the tunnel's
+/// document from every Gateway on it. Only a tunnel all of whose writers fail is reported.
 async fn sync_tunnels(
     api: Option<&TunnelApi>,
     sync: &mut TunnelSync,
@@ -2899,59 +2904,89 @@ async fn sync_tunnels(
 ) -> (HashMap<PlaneKey, String>, HashSet<PlaneKey>) {
     let mut failures = HashMap::new();
     let mut writing = HashSet::new();
-    let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
+    // Per tunnel: its writers, in the planes' order, and its planes.
+    let mut tunnels: BTreeMap<TunnelIdentity, (Vec<&TunnelTarget>, Vec<&PlaneKey>)> =
+        BTreeMap::new();
     for (plane, info) in planes {
         match (&info.tunnel, info.identity) {
-            (Some(Ok(target)), Some(identity)) => tunnels
-                .entry(identity)
-                .or_insert_with(|| (target.clone(), Vec::new()))
-                .1
-                .push(plane),
+            (Some(Ok(target)), Some(identity)) => {
+                let (targets, on_tunnel) = tunnels.entry(identity).or_default();
+                if !targets.contains(&target) {
+                    targets.push(target);
+                }
+                on_tunnel.push(plane);
+            }
             (Some(Err(reason)), _) => {
                 failures.insert(plane.clone(), reason.clone());
             }
             _ => {}
         }
     }
-    // Identities of one tunnel that one writer writes (a tunnel whose token was rotated, with
-    // planes on either secret) get one document between them: two would replace each other at
-    // every round.
-    let mut writers: BTreeMap<TunnelTarget, Vec<&PlaneKey>> = BTreeMap::new();
-    for (target, on_tunnel) in tunnels.into_values() {
-        writers.entry(target).or_default().extend(on_tunnel);
-    }
-    if let Some(api) = api {
+    // Each pass writes every tunnel still to be written with its next writer.
+    let mut next: BTreeMap<TunnelIdentity, usize> = tunnels.keys().map(|id| (*id, 0)).collect();
+    while !next.is_empty() {
+        // Identities of one tunnel that one writer writes (a tunnel whose token was rotated,
+        // with planes on either secret) get one document between them: two would replace each
+        // other at every round.
+        let mut writers: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
+        for (identity, at) in &next {
+            if let Some(target) = tunnels.get(identity).and_then(|(t, _)| t.get(*at)) {
+                writers.entry(*target).or_default().push(*identity);
+            }
+        }
+        let Some(api) = api else { break };
+        let on = |identities: &[TunnelIdentity]| -> Vec<&PlaneKey> {
+            identities
+                .iter()
+                .filter_map(|id| tunnels.get(id))
+                .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
+                .collect()
+        };
         let work: Vec<(TunnelTarget, Value)> = writers
             .iter()
-            .map(|(target, on_tunnel)| {
-                let configs: Vec<&cftunnel_config::Config> = on_tunnel
-                    .iter()
-                    .filter_map(|p| output.configs.get(*p))
+            .map(|(target, identities)| {
+                let configs: Vec<&cftunnel_config::Config> = on(identities)
+                    .into_iter()
+                    .filter_map(|p| output.configs.get(p))
                     .collect();
-                (target.clone(), cloudflare::ingress_document(&configs))
+                ((*target).clone(), cloudflare::ingress_document(&configs))
             })
             .collect();
         let results = sync.sync_all(api, work).await;
-        for ((target, on_tunnel), result) in writers.iter().zip(results) {
+        let mut again = BTreeMap::new();
+        for ((target, identities), result) in writers.iter().zip(results) {
             match result {
                 Ok(cloudflare::Synced::Wrote) => {
                     tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                 }
                 Ok(cloudflare::Synced::Held) => {}
                 Ok(cloudflare::Synced::Behind) => {
-                    writing.extend(on_tunnel.iter().map(|plane| (*plane).clone()));
+                    writing.extend(on(identities).into_iter().cloned());
                 }
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
-                    for plane in on_tunnel {
-                        failures.insert((*plane).clone(), reason.clone());
+                    for identity in identities {
+                        let at = next.get(identity).map_or(0, |at| at + 1);
+                        let left = tunnels.get(identity).is_some_and(|(t, _)| at < t.len());
+                        if left {
+                            again.insert(*identity, at);
+                        } else {
+                            for plane in on(std::slice::from_ref(identity)) {
+                                failures.insert(plane.clone(), reason.clone());
+                            }
+                        }
                     }
                 }
             }
         }
+        next = again;
     }
-    // A tunnel whose writes fail is still served: what it last took is what it serves.
-    sync.retain(writers.keys(), |t| {
+    // A tunnel whose writes fail is still served: what it last took is what it serves. Every
+    // writer's record stays, so one that failed is not asked again before its wait is over.
+    let writers = tunnels
+        .values()
+        .flat_map(|(targets, _)| targets.iter().copied());
+    sync.retain(writers, |t| {
         planes
             .values()
             .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
