@@ -1489,6 +1489,12 @@ impl TunnelSync {
         self.alarm = None;
     }
 
+    /// The error `target`'s last write failed with, while it waits to be tried again: a
+    /// tunnel with other writers is given to one of those meanwhile.
+    pub fn failing(&self, target: &TunnelTarget) -> Option<&str> {
+        self.failed.waiting(&writer_key(target))
+    }
+
     /// Keeps the records of the writers asked for now (`writers`) and forgets every other's,
     /// old credentials included (each rotated token would leave one behind): a writer that
     /// comes back writes again, whatever was done to its tunnel meanwhile. Keeps what landed

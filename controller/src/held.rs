@@ -72,6 +72,15 @@ impl<K: Eq + Hash> Held<K> {
         self.failures.get(key).map(|f| f.error.as_str())
     }
 
+    /// The error the last write under `key` failed with, while its wait lasts, whatever it
+    /// wrote.
+    pub fn waiting(&self, key: &K) -> Option<&str> {
+        self.failures
+            .get(key)
+            .filter(|f| f.until > Instant::now())
+            .map(|f| f.error.as_str())
+    }
+
     /// Writing `digest` under `key` failed with `error`; how long it is held back. With a wake
     /// ([`Held::waking`]), it is told as that wait ends, unless the key fails again first (it
     /// is told as the new wait ends instead), succeeds or is forgotten.

@@ -3168,6 +3168,85 @@ async fn one_gateways_refused_api_token_keeps_its_tunnels_document_from_no_other
     .expect("in time");
 }
 
+/// Three Gateways on one tunnel, one of them (`third`) on the secret from before the tunnel's
+/// token was rotated: `edge`'s API token is refused, `internal` and `third` name the same other
+/// one. The tunnel gets one document listing all three Gateways' hostnames, written once, not
+/// two that replace each other at every round.
+#[tokio::test]
+async fn a_refused_api_token_beside_a_rotated_secret_leaves_one_document() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-b");
+        let edge = proxy_pod("s3cr3t").await;
+        let t = internal_joins_edge(&edge, &edge_token(), "internal-cf", &cloudflare.base()).await;
+        let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        for doc in format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: internal-cf, namespace: tenant-a}}
+stringData: {{api-token: cf-token-b}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: third-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{rotated}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: third-config, namespace: tenant-a}}
+spec:
+  tunnelTokenSecretRef: {{name: third-tunnel-token}}
+  authTokenSecretRef: {{name: internal-api, key: token}}
+  cloudflareCredentialsSecretRef: {{name: internal-cf}}
+  replicas: 1
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: third, namespace: tenant-a}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: third.example.com}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: thirdroute, namespace: tenant-a}}
+spec:
+  parentRefs: [{{name: third}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#
+        )
+        .split("---")
+        {
+            t.api.put(yaml(doc));
+        }
+        let want = json!({"ingress": [
+            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"hostname": "third.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("one document with the three Gateways' hostnames", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        let writes = cloudflare.writes();
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(cloudflare.writes(), writes, "written once");
+        assert_eq!(cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d), Some(want));
+        const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
+        for route in ["shop", "intranet", "thirdroute"] {
+            assert_eq!(route_condition(&t.api, "tenant-a", route, WRITTEN), None, "{route}");
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Gateway `internal` (hostname `internal.example.com`) joins tenant-a's Gateway `edge` on
 /// its tunnel with connector token `token` and API credentials Secret `credentials`: the
 /// tunnel's one document lists both Gateways' hostnames, and is not written again.

@@ -2893,9 +2893,11 @@ fn hosts_through<'s>(
 /// tunnel's document is still on its way.
 ///
 /// The planes of one tunnel may name different API credentials (each Gateway's
-/// GatewayConfig, or the controller's own): they are tried in the planes' order, the next when
-/// a write fails, so one Gateway's revoked or too narrow token does not keep the tunnel's
-/// document from every Gateway on it. Only a tunnel all of whose writers fail is reported.
+/// GatewayConfig, or the controller's own). A tunnel is written with the first of them, in the
+/// planes' order, whose last write is not waiting to be tried again, and when that write fails
+/// with the next, in the same round: one Gateway's revoked or too narrow token does not keep
+/// the tunnel's document from every Gateway on it. Only a tunnel all of whose writers fail is
+/// reported, to each plane with the failure of the credentials it names.
 async fn sync_tunnels(
     api: Option<&TunnelApi>,
     sync: &mut TunnelSync,
@@ -2922,30 +2924,50 @@ async fn sync_tunnels(
             _ => {}
         }
     }
-    // Each pass writes every tunnel still to be written with its next writer.
-    let mut next: BTreeMap<TunnelIdentity, usize> = tunnels.keys().map(|id| (*id, 0)).collect();
+    // What failed this round, by writer.
+    let mut failed: BTreeMap<&TunnelTarget, String> = BTreeMap::new();
+    // Each tunnel's writer from `from` on: the first neither failed this round nor waiting to
+    // be tried again, else the first not failed this round.
+    fn pick<'t>(
+        targets: &[&'t TunnelTarget],
+        from: usize,
+        failed: &BTreeMap<&TunnelTarget, String>,
+        sync: &TunnelSync,
+    ) -> Option<&'t TunnelTarget> {
+        let rest = targets.iter().skip(from).copied();
+        let untried = |t: &&TunnelTarget| !failed.contains_key(*t);
+        rest.clone()
+            .find(|t| untried(t) && sync.failing(t).is_none())
+            .or_else(|| rest.clone().find(untried))
+    }
+    let mut next: BTreeMap<TunnelIdentity, &TunnelTarget> = tunnels
+        .iter()
+        .filter_map(|(identity, (targets, _))| Some((*identity, pick(targets, 0, &failed, sync)?)))
+        .collect();
+    // What each writer carries this round. Identities of one tunnel that one writer writes (a
+    // tunnel whose token was rotated, with planes on either secret) get one document between
+    // them, two would replace each other at every round; a writer given another tunnel
+    // identity in a later pass writes again all it carries.
+    let mut carries: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
+    let on = |identities: &[TunnelIdentity]| -> Vec<&PlaneKey> {
+        identities
+            .iter()
+            .filter_map(|id| tunnels.get(id))
+            .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
+            .collect()
+    };
     while !next.is_empty() {
-        // Identities of one tunnel that one writer writes (a tunnel whose token was rotated,
-        // with planes on either secret) get one document between them: two would replace each
-        // other at every round.
-        let mut writers: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
-        for (identity, at) in &next {
-            if let Some(target) = tunnels.get(identity).and_then(|(t, _)| t.get(*at)) {
-                writers.entry(*target).or_default().push(*identity);
-            }
+        let mut asked: BTreeSet<&TunnelTarget> = BTreeSet::new();
+        for (identity, target) in std::mem::take(&mut next) {
+            carries.entry(target).or_default().push(identity);
+            asked.insert(target);
         }
         let Some(api) = api else { break };
-        let on = |identities: &[TunnelIdentity]| -> Vec<&PlaneKey> {
-            identities
-                .iter()
-                .filter_map(|id| tunnels.get(id))
-                .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
-                .collect()
-        };
-        let work: Vec<(TunnelTarget, Value)> = writers
+        let work: Vec<(TunnelTarget, Value)> = asked
             .iter()
-            .map(|(target, identities)| {
-                let configs: Vec<&cftunnel_config::Config> = on(identities)
+            .map(|target| {
+                let carried = carries.get(target).map_or(&[][..], Vec::as_slice);
+                let configs: Vec<&cftunnel_config::Config> = on(carried)
                     .into_iter()
                     .filter_map(|p| output.configs.get(p))
                     .collect();
@@ -2953,40 +2975,57 @@ async fn sync_tunnels(
             })
             .collect();
         let results = sync.sync_all(api, work).await;
-        let mut again = BTreeMap::new();
-        for ((target, identities), result) in writers.iter().zip(results) {
+        for (target, result) in asked.into_iter().zip(results) {
+            let carried = carries.get(target).cloned().unwrap_or_default();
             match result {
                 Ok(cloudflare::Synced::Wrote) => {
                     tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                 }
                 Ok(cloudflare::Synced::Held) => {}
                 Ok(cloudflare::Synced::Behind) => {
-                    writing.extend(on(identities).into_iter().cloned());
+                    writing.extend(on(&carried).into_iter().cloned());
                 }
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
-                    for identity in identities {
-                        let at = next.get(identity).map_or(0, |at| at + 1);
-                        let left = tunnels.get(identity).is_some_and(|(t, _)| at < t.len());
-                        if left {
-                            again.insert(*identity, at);
-                        } else {
-                            for plane in on(std::slice::from_ref(identity)) {
-                                failures.insert(plane.clone(), reason.clone());
-                            }
+                    failed.insert(target, reason);
+                    carries.remove(target);
+                    for identity in carried {
+                        let Some((targets, on_tunnel)) = tunnels.get(&identity) else {
+                            continue;
+                        };
+                        let at = targets
+                            .iter()
+                            .position(|t| *t == target)
+                            .map_or(0, |at| at + 1);
+                        if let Some(other) = pick(targets, at, &failed, sync) {
+                            next.insert(identity, other);
+                            continue;
+                        }
+                        // Every writer failed: each plane is told of its own credentials.
+                        for plane in on_tunnel {
+                            let own = planes.get(*plane).and_then(|info| match &info.tunnel {
+                                Some(Ok(own)) => failed
+                                    .get(own)
+                                    .cloned()
+                                    .or_else(|| sync.failing(own).map(str::to_owned)),
+                                _ => None,
+                            });
+                            let reason = own.or_else(|| failed.get(target).cloned());
+                            failures.insert((*plane).clone(), reason.unwrap_or_default());
                         }
                     }
                 }
             }
         }
-        next = again;
     }
-    // A tunnel whose writes fail is still served: what it last took is what it serves. Every
-    // writer's record stays, so one that failed is not asked again before its wait is over.
-    let writers = tunnels
+    // A tunnel whose writes fail is still served: what it last took is what it serves. The
+    // writers asked this round keep their records, and those waiting to be tried again theirs.
+    let kept: Vec<&TunnelTarget> = tunnels
         .values()
-        .flat_map(|(targets, _)| targets.iter().copied());
-    sync.retain(writers, |t| {
+        .flat_map(|(targets, _)| targets.iter().copied())
+        .filter(|t| carries.contains_key(t) || failed.contains_key(t) || sync.failing(t).is_some())
+        .collect();
+    sync.retain(kept, |t| {
         planes
             .values()
             .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
