@@ -411,11 +411,22 @@ fn resolve_with(
                 key: None,
             };
             // A generated Secret edited to hold a token no proxy takes is written anew.
-            let existing = lookup(&generated, &auth_keys, "authTokenSecretRef")
-                .ok()
-                .filter(|(text, _)| cftunnel_config::auth_token::check(text).is_ok());
+            let existing = secrets
+                .iter()
+                .find(|s| {
+                    s.metadata.namespace.as_deref() == Some(namespace)
+                        && s.metadata.name.as_deref() == Some(generated.name.as_str())
+                })
+                .and_then(|s| generated_token(s));
             let (token, selector) = match existing {
-                Some(found) => found,
+                Some((token, key)) => (
+                    token,
+                    SecretKeySelector {
+                        name: generated.name.clone(),
+                        key: key.to_owned(),
+                        optional: None,
+                    },
+                ),
                 None => (
                     fresh_token().ok_or(RenderError::Random)?,
                     SecretKeySelector {
@@ -529,6 +540,19 @@ pub fn read_secret_text(
 }
 
 /// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.
+/// The token a generated config-API token Secret holds, and its key: the first of its keys
+/// the Secret has, as text a proxy takes; `None` where it holds none, so that one is drawn and
+/// written into it. The render and the apply that writes the Secret read it alike, or a plane
+/// would be applied again at every round.
+pub fn generated_token(secret: &Secret) -> Option<(String, &'static str)> {
+    let (key, value) = [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
+        .into_iter()
+        .find_map(|key| Some((key, secret_value(secret, key)?)))?;
+    let text = text_value(&value)?;
+    let token = cftunnel_config::auth_token::check(&text).ok()?;
+    Some((token.to_owned(), key))
+}
+
 pub(crate) fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
     // as it does when the API server merges the two.

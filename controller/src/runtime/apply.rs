@@ -645,17 +645,8 @@ pub async fn ensure_auth_secret(
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    // The token as `render::resolve` reads it: the first of its keys the Secret has, as text a
-    // proxy takes. Read otherwise, a Secret the render draws a fresh token for would be left
-    // as it is, and the plane applied again at every round.
-    let held = |s: &Secret| {
-        let data = s.data.as_ref()?;
-        let (key, value) = [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
-            .into_iter()
-            .find_map(|key| Some((key, data.get(key)?)))?;
-        let token = cftunnel_config::auth_token::check(std::str::from_utf8(&value.0).ok()?).ok()?;
-        Some((token.to_owned(), key.to_owned()))
-    };
+    let held =
+        |s: &Secret| crate::render::generated_token(s).map(|(token, key)| (token, key.to_owned()));
     let existing = read_taking_over(client, secret).await?;
     let mut existing = match existing {
         Some(existing) => existing,
