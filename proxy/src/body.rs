@@ -229,20 +229,20 @@ impl Sent {
     /// however long (its own bound is [`Quiet`]'s). `limit` is asked again as time passes,
     /// since it may depend on the protocol the try goes over; `None`: no bound for now.
     ///
-    /// Also `Err` at `unasked_until` if nothing has asked the body for a frame by then: the try
-    /// is still dialing, handshaking or waiting for its connection, which the try's bound
-    /// counts from its start, as for a body held whole.
+    /// Also `Err` at `unasked_until()` if nothing has asked the body for a frame by then: the
+    /// try is still dialing, handshaking or waiting for its connection, which the try's bound
+    /// counts from its start, as for a body held whole. Asked again as time passes, as `limit`.
     pub async fn closed_within(
         &mut self,
         limit: impl Fn() -> Option<Duration>,
-        unasked_until: Option<tokio::time::Instant>,
+        unasked_until: impl Fn() -> Option<tokio::time::Instant>,
     ) -> Result<(), BodyStalled> {
         /// How soon a try without a bound for now looks again.
         const UNBOUNDED_LOOK: Duration = Duration::from_secs(1);
         let handed = &self.handed;
         let stalled = async {
             loop {
-                let unasked = unasked_until.filter(|_| !handed.asked());
+                let unasked = unasked_until().filter(|_| !handed.asked());
                 let now = tokio::time::Instant::now();
                 if unasked.is_some_and(|until| until <= now) {
                     return;

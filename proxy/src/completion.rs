@@ -128,12 +128,12 @@ impl Completion {
         }
     }
 
-    /// Whether the access log is on (and the exchange's timing is wanted).
     /// When the request arrived, which its rule's request timeout counts from.
     pub(crate) fn started(&self) -> Instant {
         self.start
     }
 
+    /// Whether the access log is on (and the exchange's timing is wanted).
     pub(crate) fn logging(&self) -> bool {
         self.log.is_some()
     }

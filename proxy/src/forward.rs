@@ -354,13 +354,14 @@ impl Upstream {
             return fut.await.map(|resp| (resp, None));
         };
         if let Some(mut sent) = body_sent {
+            let start = deadline;
             tokio::select! {
                 res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
                 // `Err`: the backend's connection took part of the body and then nothing for
                 // the timeout (waiting for the rest would hold the request, its client and the
                 // connection for as long as the client keeps its upload open), or the try had
                 // no connection to send it on by its deadline.
-                sent = sent.closed_within(|| Some(timeout), Some(deadline)) => match sent {
+                sent = sent.closed_within(|| Some(timeout), move || Some(start)) => match sent {
                     Ok(()) => deadline = Instant::now() + timeout,
                     Err(_) if wait.is_waiting() => return Err(ForwardError::Saturated),
                     Err(_) => return Err(ForwardError::Timeout),
@@ -396,9 +397,13 @@ where
         // A backend that stops taking the body gets the bound of the protocol the try goes
         // over, as one that is slow to answer does.
         let limit = || if wait.went_over_http2() { http2 } else { http1 };
+        // Until the body is first asked for, the bound of the protocol the try goes over,
+        // from its start.
+        let start = from;
+        let unasked_until = || limit().map(|t| start + t);
         tokio::select! {
             res = fut.as_mut() => return res.map(|resp| (resp, None)),
-            sent = sent.closed_within(limit, http1.map(|t| from + t)) => match sent {
+            sent = sent.closed_within(limit, unasked_until) => match sent {
                 Ok(()) => from = Instant::now(),
                 Err(_) if wait.is_waiting() => return Err(ForwardError::Saturated),
                 Err(_) => return Err(ForwardError::Timeout),
