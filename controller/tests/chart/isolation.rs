@@ -1,5 +1,6 @@
-//! A dedicated plane in the release namespace stays out of the chart's selectors, whatever
-//! labels its Gateway asks for: a plane's pods behind the shared pool's Service would be
+//! A dedicated plane in the release namespace stays out of the chart's selectors as the CI
+//! values set them, whatever labels its Gateway asks for: a plane's pods behind the shared
+//! pool's Service would be
 //! pushed the pool's config with the pool's token; under its budget, policies, autoscaler or
 //! monitor they would be counted, admitted or scraped as the pool's.
 
