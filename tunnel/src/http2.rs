@@ -570,12 +570,17 @@ async fn config_push(
     };
     let collect = Limited::new(Body::h2(req.into_body()), MAX_CONFIG_BYTES).collect();
     let body = tokio::time::timeout(shared.opts.rpc_timeout, collect).await;
-    let Some(reply) = body
-        .ok()
-        .and_then(|b| b.ok())
-        .map(|c| c.to_bytes())
-        .and_then(|b| push_reply(&shared.remote_config, &b))
-    else {
+    // Decoding and checking a document of up to 8 MiB takes milliseconds, which a worker
+    // serving requests is not held for.
+    let state = Arc::clone(&shared.remote_config);
+    let reply = match body.ok().and_then(|b| b.ok()).map(|c| c.to_bytes()) {
+        Some(b) => tokio::task::spawn_blocking(move || push_reply(&state, &b))
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    let Some(reply) = reply else {
         connector_error(&mut respond, StatusCode::BAD_GATEWAY);
         return;
     };

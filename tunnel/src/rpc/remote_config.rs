@@ -190,7 +190,13 @@ impl configuration_manager::Server for Server {
         mut results: configuration_manager::UpdateConfigurationResults,
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
-        let (latest, err) = self.state.apply(p.get_version(), p.get_config()?);
+        let (version, config) = (p.get_version(), p.get_config()?.to_vec());
+        // Checking a document of up to 8 MiB takes milliseconds, which this thread, serving
+        // every connection's control stream, is not held for.
+        let state = Arc::clone(&self.state);
+        let (latest, err) = tokio::task::spawn_blocking(move || state.apply(version, &config))
+            .await
+            .map_err(|e| capnp::Error::failed(format!("applying the configuration: {e}")))?;
         let mut r = results.get().init_result();
         r.set_latest_applied_version(latest);
         r.set_err(err.as_deref().unwrap_or(""));
