@@ -3180,44 +3180,8 @@ async fn a_refused_api_token_beside_a_rotated_secret_leaves_one_document() {
         let edge = proxy_pod("s3cr3t").await;
         let t = internal_joins_edge(&edge, &edge_token(), "internal-cf", &cloudflare.base()).await;
         let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        for doc in format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: internal-cf, namespace: tenant-a}}
-stringData: {{api-token: cf-token-b}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: third-tunnel-token, namespace: tenant-a}}
-stringData: {{tunnel-token: "{rotated}"}}
----
-apiVersion: cf.k8s.lex.la/v1alpha1
-kind: GatewayConfig
-metadata: {{name: third-config, namespace: tenant-a}}
-spec:
-  tunnelTokenSecretRef: {{name: third-tunnel-token}}
-  authTokenSecretRef: {{name: internal-api, key: token}}
-  cloudflareCredentialsSecretRef: {{name: internal-cf}}
-  replicas: 1
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: third, namespace: tenant-a}}
-spec:
-  gatewayClassName: cloudflare-tunnel
-  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}}}
-  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: third.example.com}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: thirdroute, namespace: tenant-a}}
-spec:
-  parentRefs: [{{name: third}}]
-  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
-"#
-        )
-        .split("---")
-        {
+        t.api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: internal-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-b}\n"));
+        for doc in peer_gateway("third", &rotated, "internal-cf", "thirdroute").split("---") {
             t.api.put(yaml(doc));
         }
         let want = json!({"ingress": [
@@ -3245,6 +3209,43 @@ spec:
     })
     .await
     .expect("in time");
+}
+
+/// Tenant-a's Gateway `name` (hostname `<name>.example.com`) on a plane of its own, with
+/// connector token `token`, API credentials Secret `credentials`, the config-API token of
+/// Secret `internal-api`, and route `route` on it: the objects, `---` between them.
+fn peer_gateway(name: &str, token: &str, credentials: &str, route: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: {name}-config, namespace: tenant-a}}
+spec:
+  tunnelTokenSecretRef: {{name: {name}-tunnel-token}}
+  authTokenSecretRef: {{name: internal-api, key: token}}
+  cloudflareCredentialsSecretRef: {{name: {credentials}}}
+  replicas: 1
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: tenant-a}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: {name}-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: {name}.example.com}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {route}, namespace: tenant-a}}
+spec:
+  parentRefs: [{{name: {name}}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#
+    )
 }
 
 /// Gateway `internal` (hostname `internal.example.com`) joins tenant-a's Gateway `edge` on
@@ -3515,42 +3516,8 @@ async fn internal_joins_edge(
                     edge.admin_addr().port(),
                     true,
                 ));
-                for doc in format!(
-                    r#"apiVersion: v1
-kind: Secret
-metadata: {{name: internal-tunnel-token, namespace: tenant-a}}
-stringData: {{tunnel-token: "{token}"}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: internal-api, namespace: tenant-a}}
-stringData: {{token: i2cr3t}}
----
-apiVersion: cf.k8s.lex.la/v1alpha1
-kind: GatewayConfig
-metadata: {{name: internal-config, namespace: tenant-a}}
-spec:
-  tunnelTokenSecretRef: {{name: internal-tunnel-token}}
-  authTokenSecretRef: {{name: internal-api, key: token}}
-  cloudflareCredentialsSecretRef: {{name: {credentials}}}
-  replicas: 1
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: internal, namespace: tenant-a}}
-spec:
-  gatewayClassName: cloudflare-tunnel
-  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: internal-config}}}}
-  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: internal.example.com}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: intranet, namespace: tenant-a}}
-spec:
-  parentRefs: [{{name: internal}}]
-  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
-"#
-                )
+                api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: internal-api, namespace: tenant-a}\nstringData: {token: i2cr3t}\n"));
+                for doc in peer_gateway("internal", token, credentials, "intranet")
                 .split("---")
                 {
                     api.put(yaml(doc));

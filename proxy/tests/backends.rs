@@ -1802,25 +1802,42 @@ async fn the_backend_timeout_cuts_a_body_that_is_always_ready() {
     .expect("test finished in time");
 }
 
+/// A proxy whose one rule sends to an endless h2c gRPC stream under a request timeout of
+/// `timeout`, and a client of its config port.
+async fn before_an_endless_grpc_stream(timeout: &str) -> (cftunnel_proxy::Server, TestClient) {
+    let backend = endless_grpc_backend().await;
+    let http = client();
+    let proxy = proxy().await;
+    let doc = json!({"rules": [
+        rule("/", json!({"timeouts": {"request": timeout}, "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]})),
+    ]});
+    assert_eq!(
+        push(&http, proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    (proxy, http)
+}
+
 /// A gRPC call over HTTP/2 still streaming at its rule's deadline ends with trailers saying
 /// DEADLINE_EXCEEDED (`grpc-status: 4`), as the proxy's own timeouts before the answer do,
 /// rather than with its stream reset (which gRPC clients report as INTERNAL).
 #[tokio::test]
 async fn a_grpc_stream_cut_at_its_deadline_ends_with_deadline_exceeded() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let backend = endless_grpc_backend().await;
-        let http = client();
-        let proxy = proxy().await;
-        let doc = json!({"rules": [
-            rule("/", json!({"timeouts": {"request": "300ms"}, "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]})),
-        ]});
-        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let (proxy, http) = before_an_endless_grpc_stream("300ms").await;
 
         let (trailers, messages) = watch_to_the_end(proxy.data_addr(), "h").await;
         assert!(messages > 0, "messages came before the deadline");
-        assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"4"[..]));
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"4"[..])
+        );
         let timeouts = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}";
-        assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0), "counted as a backend timeout");
+        assert_eq!(
+            metric(&http, proxy.admin_addr(), timeouts).await,
+            Some(1.0),
+            "counted as a backend timeout"
+        );
     })
     .await
     .expect("test finished in time");
@@ -1832,13 +1849,7 @@ async fn a_grpc_stream_cut_at_its_deadline_ends_with_deadline_exceeded() {
 #[tokio::test]
 async fn a_grpc_web_stream_cut_at_its_deadline_shows_as_cut() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let backend = endless_grpc_backend().await;
-        let http = client();
-        let proxy = proxy().await;
-        let doc = json!({"rules": [
-            rule("/", json!({"timeouts": {"request": "300ms"}, "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]})),
-        ]});
-        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let (proxy, _) = before_an_endless_grpc_stream("300ms").await;
 
         let (mut sender, _task) = cftunnel_testkit::client::connect_h2c(proxy.data_addr())
             .await
@@ -1846,7 +1857,9 @@ async fn a_grpc_web_stream_cut_at_its_deadline_shows_as_cut() {
         let req = http::Request::post("http://h/pkg.Svc/Watch")
             .header("content-type", "application/grpc-web+proto")
             .header("te", "trailers")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(&[
+                0, 0, 0, 0, 0,
+            ])))
             .expect("request");
         let resp = sender.send_request(req).await.expect("response");
         assert_eq!(resp.status(), StatusCode::OK);
@@ -1854,7 +1867,9 @@ async fn a_grpc_web_stream_cut_at_its_deadline_shows_as_cut() {
         let mut messages = 0;
         let end = loop {
             match http_body_util::BodyExt::frame(&mut body).await {
-                Some(Ok(frame)) if frame.is_trailers() => break format!("trailers {:?}", frame.into_trailers().ok()),
+                Some(Ok(frame)) if frame.is_trailers() => {
+                    break format!("trailers {:?}", frame.into_trailers().ok())
+                }
                 Some(Ok(_)) => messages += 1,
                 Some(Err(e)) => break format!("cut: {e}"),
                 None => break "a clean end".to_owned(),

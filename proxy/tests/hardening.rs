@@ -195,6 +195,29 @@ async fn streamed_uploads_outlast_the_backend_timeout_and_chunked_bodies_are_ret
     .expect("test finished in time");
 }
 
+/// Uploads `size` bytes through a proxy whose one rule sends to `backend` with a 500 ms backend
+/// timeout, and asserts the answer is 504 at about that timeout.
+async fn upload_times_out(backend: &str, size: usize) {
+    let proxy = proxy().await;
+    let http = client();
+    push(
+        &http,
+        proxy.admin_addr(),
+        &json!({"rules": [
+            {"timeouts": {"backend": "500ms"}, "backends": [{"url": backend, "weight": 1}]}
+        ]}),
+    )
+    .await;
+    let (answer, took) = answer_to_a_held_upload(
+        proxy.data_addr(),
+        "POST /upload HTTP/1.1\r\nhost: h\r\n",
+        size,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
+}
+
 /// A backend that takes part of an upload and then nothing more gets the rule's timeout, not
 /// as long as the client keeps the upload open: the request ends with 504.
 #[tokio::test]
@@ -203,7 +226,9 @@ async fn an_upload_the_backend_stops_taking_times_out() {
         // Reads the request head and then nothing; small buffers, so the upload backs up.
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
         socket.set_recv_buffer_size(4096).expect("receive buffer");
-        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
         let listener = socket.listen(16).expect("listen");
         let backend = listener.local_addr().expect("addr");
         let held = tokio::spawn(async move {
@@ -214,20 +239,7 @@ async fn an_upload_the_backend_stops_taking_times_out() {
                 held.push(conn);
             }
         });
-        let proxy = proxy().await;
-        let http = client();
-        push(&http, proxy.admin_addr(), &json!({"rules": [
-            {"timeouts": {"backend": "500ms"}, "backends": [{"url": format!("http://{backend}"), "weight": 1}]}
-        ]})).await;
-
-        let (answer, took) = answer_to_a_held_upload(
-            proxy.data_addr(),
-            "POST /upload HTTP/1.1\r\nhost: h\r\n",
-            16 * 1024 * 1024,
-        )
-        .await;
-        assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
-        assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
+        upload_times_out(&format!("http://{backend}"), 16 * 1024 * 1024).await;
         held.abort();
     })
     .await
@@ -240,7 +252,9 @@ async fn an_upload_the_backend_stops_taking_times_out() {
 #[tokio::test]
 async fn an_upload_whose_backend_never_finishes_its_handshake_times_out() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let backend = listener.local_addr().expect("addr");
         let held = tokio::spawn(async move {
             let mut held = Vec::new();
@@ -248,21 +262,8 @@ async fn an_upload_whose_backend_never_finishes_its_handshake_times_out() {
                 held.push(conn);
             }
         });
-        let proxy = proxy().await;
-        let http = client();
-        push(&http, proxy.admin_addr(), &json!({"rules": [
-            {"timeouts": {"backend": "500ms"}, "backends": [{"url": format!("https://{backend}"), "weight": 1}]}
-        ]})).await;
-
         // Past the 64 KiB held whole: streamed.
-        let (answer, took) = answer_to_a_held_upload(
-            proxy.data_addr(),
-            "POST /upload HTTP/1.1\r\nhost: h\r\n",
-            1024 * 1024,
-        )
-        .await;
-        assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
-        assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
+        upload_times_out(&format!("https://{backend}"), 1024 * 1024).await;
         held.abort();
     })
     .await
