@@ -3174,16 +3174,28 @@ async fn one_gateways_refused_api_token_keeps_its_tunnels_document_from_no_other
 /// two that replace each other at every round.
 #[tokio::test]
 async fn a_refused_api_token_beside_a_rotated_secret_leaves_one_document() {
+    three_gateways_on_a_rotated_tunnel(&["cf-token-b"]).await;
+}
+
+/// As [`a_refused_api_token_beside_a_rotated_secret_leaves_one_document`], both API tokens
+/// accepted: `internal` and `third`, on the two secrets, share the token they both name, so the
+/// tunnel still gets one document, not one from each token replacing the other's.
+#[tokio::test]
+async fn a_rotated_tunnel_whose_gateways_name_two_tokens_gets_one_document() {
+    three_gateways_on_a_rotated_tunnel(&["cf-token-a", "cf-token-b"]).await;
+}
+
+/// `edge` (API token `cf-token-a`), `internal` (`cf-token-b`) on tenant-a's tunnel, and `third`
+/// (`cf-token-b`) on the secret from before its rotation, the API accepting `accepted`: one
+/// document with the three hostnames, written once, and no route saying it failed.
+async fn three_gateways_on_a_rotated_tunnel(accepted: &[&str]) {
     tokio::time::timeout(Duration::from_secs(60), async {
         let cloudflare = CloudflareApi::start().await;
-        cloudflare.allow("acct", "cf-token-b");
-        let edge = proxy_pod("s3cr3t").await;
-        let t = internal_joins_edge(&edge, &edge_token(), "internal-cf", &cloudflare.base()).await;
-        let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        t.api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: internal-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-b}\n"));
-        for doc in peer_gateway("third", &rotated, "internal-cf", "thirdroute").split("---") {
-            t.api.put(yaml(doc));
+        for token in accepted {
+            cloudflare.also_allow("acct", token);
         }
+        let edge = proxy_pod("s3cr3t").await;
+        let t = rotated_tunnel_of_three(&edge, &cloudflare).await;
         let want = json!({"ingress": [
             {"hostname": "internal.example.com", "service": "http://localhost:8080"},
             {"hostname": "shop.example.com", "service": "http://localhost:8080"},
@@ -3200,15 +3212,68 @@ async fn a_refused_api_token_beside_a_rotated_secret_leaves_one_document() {
         let writes = cloudflare.writes();
         t.rounds(3, Duration::from_millis(300)).await;
         assert_eq!(cloudflare.writes(), writes, "written once");
-        assert_eq!(cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d), Some(want));
+        assert_eq!(
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+            Some(want)
+        );
         const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
         for route in ["shop", "intranet", "thirdroute"] {
-            assert_eq!(route_condition(&t.api, "tenant-a", route, WRITTEN), None, "{route}");
+            assert_eq!(
+                route_condition(&t.api, "tenant-a", route, WRITTEN),
+                None,
+                "{route}"
+            );
         }
         t.stop().await;
     })
     .await
     .expect("in time");
+}
+
+/// Every API token of a rotated tunnel refused: each route waits to be accepted, saying its
+/// tunnel's document could not be written, and while the failed writes wait to be tried again no round calls the API (a
+/// token refused is not asked again with another document at every round).
+#[tokio::test]
+async fn a_rotated_tunnel_whose_every_token_is_refused_waits_to_ask_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        let edge = proxy_pod("s3cr3t").await;
+        let t = rotated_tunnel_of_three(&edge, &cloudflare).await;
+        // No document was ever written: the routes wait to be accepted, saying why.
+        for route in ["shop", "intranet", "thirdroute"] {
+            eventually("the route told its tunnel's document failed", || {
+                route_condition(&t.api, "tenant-a", route, "Accepted").filter(|c| {
+                    c["status"] == "Unknown"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("Authentication error"))
+                })
+            })
+            .await;
+        }
+        let asked = cloudflare.requests();
+        t.rounds(4, Duration::from_millis(300)).await;
+        assert!(
+            cloudflare.requests() <= asked + 2,
+            "asked {} times more within the first wait",
+            cloudflare.requests() - asked
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// [`internal_joins_edge`] with `internal`'s API token `cf-token-b`, and `third` joining on the
+/// secret from before the tunnel's token was rotated, naming `internal`'s token.
+async fn rotated_tunnel_of_three(edge: &Server, cloudflare: &CloudflareApi) -> Tenant {
+    let t = internal_joins_edge(edge, &edge_token(), "internal-cf", &cloudflare.base()).await;
+    let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    t.api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: internal-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-b}\n"));
+    for doc in peer_gateway("third", &rotated, "internal-cf", "thirdroute").split("---") {
+        t.api.put(yaml(doc));
+    }
+    t
 }
 
 /// Tenant-a's Gateway `name` (hostname `<name>.example.com`) on a plane of its own, with

@@ -9,7 +9,7 @@
 //! A request received is carried out even if its client goes away before the answer, as a
 //! real API server does: a write stopped on the client's side may still land.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 
 #[derive(Default)]
 struct State {
-    /// Accepted token per account.
-    tokens: BTreeMap<String, String>,
+    /// Accepted tokens per account.
+    tokens: BTreeMap<String, BTreeSet<String>>,
     /// `(account, tunnel)` to (version, config).
     configs: BTreeMap<(String, String), (i64, Value)>,
     /// `(account, tunnel)` to the tunnel's connector token.
@@ -206,7 +206,13 @@ fn handle(
         );
         return res;
     }
-    if presented.is_none() || state.tokens.get(&account) != presented.as_ref() {
+    let accepted = presented.as_ref().is_some_and(|token| {
+        state
+            .tokens
+            .get(&account)
+            .is_some_and(|t| t.contains(token))
+    });
+    if !accepted {
         return refuse(StatusCode::FORBIDDEN, 10000, "Authentication error");
     }
     if token_path {
@@ -344,7 +350,18 @@ impl CloudflareApi {
             .lock()
             .expect("state")
             .tokens
-            .insert(account.to_owned(), token.to_owned());
+            .insert(account.to_owned(), BTreeSet::from([token.to_owned()]));
+    }
+
+    /// Accepts `token` for `account` too, beside those accepted already.
+    pub fn also_allow(&self, account: &str, token: &str) {
+        self.state
+            .lock()
+            .expect("state")
+            .tokens
+            .entry(account.to_owned())
+            .or_default()
+            .insert(token.to_owned());
     }
 
     /// Creates a tunnel of `account` whose connector token is `token`.

@@ -539,7 +539,6 @@ pub fn read_secret_text(
     }
 }
 
-/// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.
 /// The token a generated config-API token Secret holds, and its key: the first of its keys
 /// the Secret has, as text a proxy takes; `None` where it holds none, so that one is drawn and
 /// written into it. The render and the apply that writes the Secret read it alike, or a plane
@@ -553,6 +552,7 @@ pub fn generated_token(secret: &Secret) -> Option<(String, &'static str)> {
     Some((token.to_owned(), key))
 }
 
+/// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.
 pub(crate) fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
     // as it does when the API server merges the two.

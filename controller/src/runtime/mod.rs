@@ -2893,11 +2893,11 @@ fn hosts_through<'s>(
 /// tunnel's document is still on its way.
 ///
 /// The planes of one tunnel may name different API credentials (each Gateway's
-/// GatewayConfig, or the controller's own). A tunnel is written with the first of them, in the
-/// planes' order, whose last write is not waiting to be tried again, and when that write fails
-/// with the next, in the same round: one Gateway's revoked or too narrow token does not keep
-/// the tunnel's document from every Gateway on it. Only a tunnel all of whose writers fail is
-/// reported, to each plane with the failure of the credentials it names.
+/// GatewayConfig, or the controller's own): [`writers_for`] chooses among them, and when a
+/// write fails the planes it carried are given to another writer in the same round, so one
+/// Gateway's revoked or too narrow token does not keep the tunnel's document from every
+/// Gateway on it. A tunnel with no writer left is reported, to each plane with the failure of
+/// the credentials it names.
 async fn sync_tunnels(
     api: Option<&TunnelApi>,
     sync: &mut TunnelSync,
@@ -2906,13 +2906,11 @@ async fn sync_tunnels(
 ) -> (HashMap<PlaneKey, String>, HashSet<PlaneKey>) {
     let mut failures = HashMap::new();
     let mut writing = HashSet::new();
-    // Per tunnel: its writers, in the planes' order, and its planes.
-    let mut tunnels: BTreeMap<TunnelIdentity, (Vec<&TunnelTarget>, Vec<&PlaneKey>)> =
-        BTreeMap::new();
+    let mut tunnels = TunnelWriters::default();
     for (plane, info) in planes {
         match (&info.tunnel, info.identity) {
             (Some(Ok(target)), Some(identity)) => {
-                let (targets, on_tunnel) = tunnels.entry(identity).or_default();
+                let (targets, on_tunnel) = tunnels.0.entry(identity).or_default();
                 if !targets.contains(&target) {
                     targets.push(target);
                 }
@@ -2924,50 +2922,33 @@ async fn sync_tunnels(
             _ => {}
         }
     }
-    // What failed this round, by writer.
+    // What failed this round, by writer; what each writer carries this round. A writer given
+    // more in a later pass writes again all it carries.
     let mut failed: BTreeMap<&TunnelTarget, String> = BTreeMap::new();
-    // Each tunnel's writer from `from` on: the first neither failed this round nor waiting to
-    // be tried again, else the first not failed this round.
-    fn pick<'t>(
-        targets: &[&'t TunnelTarget],
-        from: usize,
-        failed: &BTreeMap<&TunnelTarget, String>,
-        sync: &TunnelSync,
-    ) -> Option<&'t TunnelTarget> {
-        let rest = targets.iter().skip(from).copied();
-        let untried = |t: &&TunnelTarget| !failed.contains_key(*t);
-        rest.clone()
-            .find(|t| untried(t) && sync.failing(t).is_none())
-            .or_else(|| rest.clone().find(untried))
-    }
-    let mut next: BTreeMap<TunnelIdentity, &TunnelTarget> = tunnels
-        .iter()
-        .filter_map(|(identity, (targets, _))| Some((*identity, pick(targets, 0, &failed, sync)?)))
-        .collect();
-    // What each writer carries this round. Identities of one tunnel that one writer writes (a
-    // tunnel whose token was rotated, with planes on either secret) get one document between
-    // them, two would replace each other at every round; a writer given another tunnel
-    // identity in a later pass writes again all it carries.
     let mut carries: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
-    let on = |identities: &[TunnelIdentity]| -> Vec<&PlaneKey> {
-        identities
-            .iter()
-            .filter_map(|id| tunnels.get(id))
-            .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
-            .collect()
-    };
-    while !next.is_empty() {
-        let mut asked: BTreeSet<&TunnelTarget> = BTreeSet::new();
-        for (identity, target) in std::mem::take(&mut next) {
-            carries.entry(target).or_default().push(identity);
-            asked.insert(target);
+    let mut unwritten: Vec<TunnelIdentity> = tunnels.0.keys().copied().collect();
+    while !unwritten.is_empty() {
+        let (assigned, stranded) = writers_for(&tunnels, &unwritten, &failed, sync);
+        for identity in stranded {
+            for plane in tunnels.planes(&[identity]) {
+                let reason = own_failure(planes.get(plane), &failed, sync)
+                    .or_else(|| tunnels.failure(identity, &failed, sync))
+                    .unwrap_or_default();
+                failures.insert(plane.clone(), reason);
+            }
         }
         let Some(api) = api else { break };
+        let mut asked = Vec::new();
+        for (target, identities) in assigned {
+            carries.entry(target).or_default().extend(identities);
+            asked.push(target);
+        }
         let work: Vec<(TunnelTarget, Value)> = asked
             .iter()
             .map(|target| {
                 let carried = carries.get(target).map_or(&[][..], Vec::as_slice);
-                let configs: Vec<&cftunnel_config::Config> = on(carried)
+                let configs: Vec<&cftunnel_config::Config> = tunnels
+                    .planes(carried)
                     .into_iter()
                     .filter_map(|p| output.configs.get(p))
                     .collect();
@@ -2975,45 +2956,27 @@ async fn sync_tunnels(
             })
             .collect();
         let results = sync.sync_all(api, work).await;
-        for (target, result) in asked.into_iter().zip(results) {
-            let carried = carries.get(target).cloned().unwrap_or_default();
+        let results: Vec<_> = asked.into_iter().zip(results).collect();
+        // Every failure of the pass first: no tunnel moves to a writer that failed in it.
+        for (target, result) in &results {
+            if let Err(reason) = result {
+                failed.insert(target, reason.clone());
+            }
+        }
+        unwritten = Vec::new();
+        for (target, result) in results {
             match result {
                 Ok(cloudflare::Synced::Wrote) => {
                     tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                 }
                 Ok(cloudflare::Synced::Held) => {}
                 Ok(cloudflare::Synced::Behind) => {
-                    writing.extend(on(&carried).into_iter().cloned());
+                    let carried = carries.get(target).map_or(&[][..], Vec::as_slice);
+                    writing.extend(tunnels.planes(carried).into_iter().cloned());
                 }
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
-                    failed.insert(target, reason);
-                    carries.remove(target);
-                    for identity in carried {
-                        let Some((targets, on_tunnel)) = tunnels.get(&identity) else {
-                            continue;
-                        };
-                        let at = targets
-                            .iter()
-                            .position(|t| *t == target)
-                            .map_or(0, |at| at + 1);
-                        if let Some(other) = pick(targets, at, &failed, sync) {
-                            next.insert(identity, other);
-                            continue;
-                        }
-                        // Every writer failed: each plane is told of its own credentials.
-                        for plane in on_tunnel {
-                            let own = planes.get(*plane).and_then(|info| match &info.tunnel {
-                                Some(Ok(own)) => failed
-                                    .get(own)
-                                    .cloned()
-                                    .or_else(|| sync.failing(own).map(str::to_owned)),
-                                _ => None,
-                            });
-                            let reason = own.or_else(|| failed.get(target).cloned());
-                            failures.insert((*plane).clone(), reason.unwrap_or_default());
-                        }
-                    }
+                    unwritten.extend(carries.remove(target).unwrap_or_default());
                 }
             }
         }
@@ -3021,6 +2984,7 @@ async fn sync_tunnels(
     // A tunnel whose writes fail is still served: what it last took is what it serves. The
     // writers asked this round keep their records, and those waiting to be tried again theirs.
     let kept: Vec<&TunnelTarget> = tunnels
+        .0
         .values()
         .flat_map(|(targets, _)| targets.iter().copied())
         .filter(|t| carries.contains_key(t) || failed.contains_key(t) || sync.failing(t).is_some())
@@ -3031,6 +2995,133 @@ async fn sync_tunnels(
             .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
     });
     (failures, writing)
+}
+
+/// Per tunnel identity: the writers its planes name, in the planes' order, and its planes.
+#[derive(Default)]
+struct TunnelWriters<'p>(BTreeMap<TunnelIdentity, (Vec<&'p TunnelTarget>, Vec<&'p PlaneKey>)>);
+
+impl<'p> TunnelWriters<'p> {
+    /// The planes of `identities`.
+    fn planes(&self, identities: &[TunnelIdentity]) -> Vec<&'p PlaneKey> {
+        identities
+            .iter()
+            .filter_map(|id| self.0.get(id))
+            .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
+            .collect()
+    }
+
+    /// The writers `identity` may be written with now: those not failed this round; of an
+    /// identity with several, also not waiting to be tried again. One with a single writer is
+    /// asked whatever its wait, as a changed document goes out at once.
+    fn usable(
+        &self,
+        identity: TunnelIdentity,
+        failed: &BTreeMap<&TunnelTarget, String>,
+        sync: &TunnelSync,
+    ) -> Vec<&'p TunnelTarget> {
+        let Some((targets, _)) = self.0.get(&identity) else {
+            return Vec::new();
+        };
+        let several = targets.len() > 1;
+        targets
+            .iter()
+            .copied()
+            .filter(|t| {
+                let waiting = several && sync.failing(t).is_some();
+                !failed.contains_key(t) && !waiting
+            })
+            .collect()
+    }
+
+    /// A failure of one of `identity`'s writers: this round's, else one still waiting.
+    fn failure(
+        &self,
+        identity: TunnelIdentity,
+        failed: &BTreeMap<&TunnelTarget, String>,
+        sync: &TunnelSync,
+    ) -> Option<String> {
+        let (targets, _) = self.0.get(&identity)?;
+        let this_round = targets.iter().find_map(|t| failed.get(t).cloned());
+        this_round.or_else(|| {
+            let waiting = targets.iter().find_map(|t| sync.failing(t));
+            waiting.map(str::to_owned)
+        })
+    }
+}
+
+/// What failed of the credentials `plane` names: this round, or still waiting to be tried.
+fn own_failure(
+    plane: Option<&PlaneInfo>,
+    failed: &BTreeMap<&TunnelTarget, String>,
+    sync: &TunnelSync,
+) -> Option<String> {
+    let Some(Ok(own)) = plane.and_then(|info| info.tunnel.as_ref()) else {
+        return None;
+    };
+    failed
+        .get(own)
+        .cloned()
+        .or_else(|| sync.failing(own).map(str::to_owned))
+}
+
+/// Writers for the tunnel identities `unwritten`, tunnel by tunnel: the writer usable by the
+/// most of a tunnel's identities (the first in the planes' order among equals) writes for all
+/// of them, one document; then likewise for those left. Identities of one tunnel that name the
+/// same credentials so share one document, which two writers would take turns replacing (a
+/// tunnel whose connector token was rotated, its planes on either secret), and no document
+/// ever holds the planes of two identities unless they name the very same writer. Returns the
+/// writers with what each is to write, and the identities no writer is left for.
+fn writers_for<'p>(
+    tunnels: &TunnelWriters<'p>,
+    unwritten: &[TunnelIdentity],
+    failed: &BTreeMap<&TunnelTarget, String>,
+    sync: &TunnelSync,
+) -> (
+    BTreeMap<&'p TunnelTarget, Vec<TunnelIdentity>>,
+    Vec<TunnelIdentity>,
+) {
+    let mut assigned: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
+    let mut stranded = Vec::new();
+    let mut by_tunnel: BTreeMap<uuid::Uuid, Vec<TunnelIdentity>> = BTreeMap::new();
+    for identity in unwritten {
+        by_tunnel.entry(identity.id).or_default().push(*identity);
+    }
+    for mut left in by_tunnel.into_values() {
+        while !left.is_empty() {
+            let usable: Vec<(TunnelIdentity, Vec<&TunnelTarget>)> = left
+                .iter()
+                .map(|id| (*id, tunnels.usable(*id, failed, sync)))
+                .collect();
+            // In the order they first appear, so that ties go to the first plane's.
+            let mut order: Vec<&TunnelTarget> = Vec::new();
+            for target in usable.iter().flat_map(|(_, targets)| targets) {
+                if !order.contains(target) {
+                    order.push(target);
+                }
+            }
+            let count = |w: &TunnelTarget| usable.iter().filter(|(_, ts)| ts.contains(&w)).count();
+            let mut best: Option<(&TunnelTarget, usize)> = None;
+            for w in order {
+                let n = count(w);
+                if best.is_none_or(|(_, most)| n > most) {
+                    best = Some((w, n));
+                }
+            }
+            let Some((writer, _)) = best else {
+                stranded.append(&mut left);
+                break;
+            };
+            let takes: Vec<TunnelIdentity> = usable
+                .iter()
+                .filter(|(_, targets)| targets.contains(&writer))
+                .map(|(id, _)| *id)
+                .collect();
+            left.retain(|id| !takes.contains(id));
+            assigned.entry(writer).or_default().extend(takes);
+        }
+    }
+    (assigned, stranded)
 }
 
 /// The identity of a rendered plane's objects.
