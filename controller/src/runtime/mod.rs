@@ -2910,7 +2910,10 @@ async fn sync_tunnels(
     for (plane, info) in planes {
         match (&info.tunnel, info.identity) {
             (Some(Ok(target)), Some(identity)) => {
-                let (targets, on_tunnel) = tunnels.0.entry(identity).or_default();
+                if !tunnels.order.contains(&target) {
+                    tunnels.order.push(target);
+                }
+                let (targets, on_tunnel) = tunnels.by_identity.entry(identity).or_default();
                 if !targets.contains(&target) {
                     targets.push(target);
                 }
@@ -2926,18 +2929,25 @@ async fn sync_tunnels(
     // more in a later pass writes again all it carries.
     let mut failed: BTreeMap<&TunnelTarget, String> = BTreeMap::new();
     let mut carries: BTreeMap<&TunnelTarget, Vec<TunnelIdentity>> = BTreeMap::new();
-    let mut unwritten: Vec<TunnelIdentity> = tunnels.0.keys().copied().collect();
+    // Identities a write of this round took: one carried again in a later pass whose write
+    // fails still holds what the earlier one wrote.
+    let mut written: BTreeSet<TunnelIdentity> = BTreeSet::new();
+    let mut unwritten: Vec<TunnelIdentity> = tunnels.by_identity.keys().copied().collect();
     while !unwritten.is_empty() {
         let (assigned, stranded) = writers_for(&tunnels, &unwritten, &failed, sync);
         for identity in stranded {
             for plane in tunnels.planes(&[identity]) {
                 let reason = own_failure(planes.get(plane), &failed, sync)
                     .or_else(|| tunnels.failure(identity, &failed, sync))
-                    .unwrap_or_default();
+                    .unwrap_or_else(|| "no API credentials are left to write it with".to_owned());
                 failures.insert(plane.clone(), reason);
             }
         }
         let Some(api) = api else { break };
+        // A call with nothing to write would still reset the read backs' alarm.
+        if assigned.is_empty() {
+            break;
+        }
         let mut asked = Vec::new();
         for (target, identities) in assigned {
             carries.entry(target).or_default().extend(identities);
@@ -2966,17 +2976,21 @@ async fn sync_tunnels(
         unwritten = Vec::new();
         for (target, result) in results {
             match result {
-                Ok(cloudflare::Synced::Wrote) => {
-                    tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
-                }
-                Ok(cloudflare::Synced::Held) => {}
-                Ok(cloudflare::Synced::Behind) => {
+                Ok(synced) => {
+                    if matches!(synced, cloudflare::Synced::Wrote) {
+                        tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document");
+                    }
                     let carried = carries.get(target).map_or(&[][..], Vec::as_slice);
-                    writing.extend(tunnels.planes(carried).into_iter().cloned());
+                    if matches!(synced, cloudflare::Synced::Behind) {
+                        writing.extend(tunnels.planes(carried).into_iter().cloned());
+                    } else {
+                        written.extend(carried.iter().copied());
+                    }
                 }
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
-                    unwritten.extend(carries.remove(target).unwrap_or_default());
+                    let carried = carries.remove(target).unwrap_or_default();
+                    unwritten.extend(carried.into_iter().filter(|id| !written.contains(id)));
                 }
             }
         }
@@ -2984,7 +2998,7 @@ async fn sync_tunnels(
     // A tunnel whose writes fail is still served: what it last took is what it serves. The
     // writers asked this round keep their records, and those waiting to be tried again theirs.
     let kept: Vec<&TunnelTarget> = tunnels
-        .0
+        .by_identity
         .values()
         .flat_map(|(targets, _)| targets.iter().copied())
         .filter(|t| carries.contains_key(t) || failed.contains_key(t) || sync.failing(t).is_some())
@@ -2997,30 +3011,37 @@ async fn sync_tunnels(
     (failures, writing)
 }
 
-/// Per tunnel identity: the writers its planes name, in the planes' order, and its planes.
+/// Per tunnel identity: the writers its planes name, in the planes' order, and its planes; and
+/// every writer, in the order of the first plane naming it.
 #[derive(Default)]
-struct TunnelWriters<'p>(BTreeMap<TunnelIdentity, (Vec<&'p TunnelTarget>, Vec<&'p PlaneKey>)>);
+struct TunnelWriters<'p> {
+    by_identity: BTreeMap<TunnelIdentity, (Vec<&'p TunnelTarget>, Vec<&'p PlaneKey>)>,
+    order: Vec<&'p TunnelTarget>,
+}
 
 impl<'p> TunnelWriters<'p> {
     /// The planes of `identities`.
     fn planes(&self, identities: &[TunnelIdentity]) -> Vec<&'p PlaneKey> {
         identities
             .iter()
-            .filter_map(|id| self.0.get(id))
+            .filter_map(|id| self.by_identity.get(id))
             .flat_map(|(_, on_tunnel)| on_tunnel.iter().copied())
             .collect()
     }
 
     /// The writers `identity` may be written with now: those not failed this round; of an
-    /// identity with several, also not waiting to be tried again. One with a single writer is
-    /// asked whatever its wait, as a changed document goes out at once.
+    /// identity with several, also not waiting to be tried again, unless `asked_anyway` (the
+    /// only writer of another identity, asked whatever its wait, as a changed document goes out
+    /// at once): so a writer carries the same identities, and asks with the same document, in
+    /// every round its wait lasts, and its held failure answers for it.
     fn usable(
         &self,
         identity: TunnelIdentity,
         failed: &BTreeMap<&TunnelTarget, String>,
         sync: &TunnelSync,
+        asked_anyway: &[&TunnelTarget],
     ) -> Vec<&'p TunnelTarget> {
-        let Some((targets, _)) = self.0.get(&identity) else {
+        let Some((targets, _)) = self.by_identity.get(&identity) else {
             return Vec::new();
         };
         let several = targets.len() > 1;
@@ -3028,7 +3049,7 @@ impl<'p> TunnelWriters<'p> {
             .iter()
             .copied()
             .filter(|t| {
-                let waiting = several && sync.failing(t).is_some();
+                let waiting = several && sync.failing(t).is_some() && !asked_anyway.contains(t);
                 !failed.contains_key(t) && !waiting
             })
             .collect()
@@ -3041,7 +3062,7 @@ impl<'p> TunnelWriters<'p> {
         failed: &BTreeMap<&TunnelTarget, String>,
         sync: &TunnelSync,
     ) -> Option<String> {
-        let (targets, _) = self.0.get(&identity)?;
+        let (targets, _) = self.by_identity.get(&identity)?;
         let this_round = targets.iter().find_map(|t| failed.get(t).cloned());
         this_round.or_else(|| {
             let waiting = targets.iter().find_map(|t| sync.failing(t));
@@ -3066,7 +3087,7 @@ fn own_failure(
 }
 
 /// Writers for the tunnel identities `unwritten`, tunnel by tunnel: the writer usable by the
-/// most of a tunnel's identities (the first in the planes' order among equals) writes for all
+/// most of a tunnel's identities (among equals, the one the first plane names) writes for all
 /// of them, one document; then likewise for those left. Identities of one tunnel that name the
 /// same credentials so share one document, which two writers would take turns replacing (a
 /// tunnel whose connector token was rotated, its planes on either secret), and no document
@@ -3089,22 +3110,24 @@ fn writers_for<'p>(
     }
     for mut left in by_tunnel.into_values() {
         while !left.is_empty() {
+            // The only writers of identities left, not failed this round: asked anyway.
+            let sole: Vec<&TunnelTarget> = left
+                .iter()
+                .filter_map(|id| match tunnels.by_identity.get(id) {
+                    Some((targets, _)) if targets.len() == 1 => targets.first().copied(),
+                    _ => None,
+                })
+                .filter(|t| !failed.contains_key(t))
+                .collect();
             let usable: Vec<(TunnelIdentity, Vec<&TunnelTarget>)> = left
                 .iter()
-                .map(|id| (*id, tunnels.usable(*id, failed, sync)))
+                .map(|id| (*id, tunnels.usable(*id, failed, sync, &sole)))
                 .collect();
-            // In the order they first appear, so that ties go to the first plane's.
-            let mut order: Vec<&TunnelTarget> = Vec::new();
-            for target in usable.iter().flat_map(|(_, targets)| targets) {
-                if !order.contains(target) {
-                    order.push(target);
-                }
-            }
             let count = |w: &TunnelTarget| usable.iter().filter(|(_, ts)| ts.contains(&w)).count();
             let mut best: Option<(&TunnelTarget, usize)> = None;
-            for w in order {
+            for w in &tunnels.order {
                 let n = count(w);
-                if best.is_none_or(|(_, most)| n > most) {
+                if n > 0 && best.is_none_or(|(_, most)| n > most) {
                     best = Some((w, n));
                 }
             }
