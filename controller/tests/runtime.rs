@@ -3215,6 +3215,54 @@ async fn a_refused_api_token_a_rotated_secret_shares_fails_only_the_gateway_with
     .expect("in time");
 }
 
+/// As [`a_refused_api_token_a_rotated_secret_shares_fails_only_the_gateway_with_no_other`],
+/// with a fourth Gateway on a third secret of the tunnel naming `internal`'s token only: the
+/// refused token, tried first for `edge`, `internal` and `third`, is asked on its own while it
+/// waits, and `internal`'s token writes one document for `edge`, `internal` and `fourth`, once,
+/// rather than a smaller one and then the whole at every round.
+#[tokio::test]
+async fn a_refused_token_in_its_wait_does_not_split_another_tokens_document() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-b");
+        let edge = proxy_pod("s3cr3t").await;
+        let t = rotated_tunnel_of_three(&edge, &cloudflare, "edge-cf").await;
+        let other = Token::new("acct", b"another secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        for doc in peer_gateway("fourth", &other, "internal-cf", "fourthroute").split("---") {
+            t.api.put(yaml(doc));
+        }
+        let want = json!({"ingress": [
+            {"hostname": "fourth.example.com", "service": "http://localhost:8080"},
+            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("edge, internal and fourth's document", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        told_authentication_failed(&t.api, "thirdroute").await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        let (writes, asked) = (cloudflare.writes(), cloudflare.requests());
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(cloudflare.writes(), writes, "written once");
+        assert_eq!(
+            cloudflare.requests(),
+            asked,
+            "nothing asked within the wait"
+        );
+        assert_eq!(
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+            Some(want)
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Waits until tenant-a's route `route`, whose hostname no document written carries, waits to
 /// be accepted saying the API refused the credentials.
 async fn told_authentication_failed(api: &ApiServer, route: &str) {

@@ -2948,8 +2948,20 @@ async fn sync_tunnels(
         if assigned.is_empty() {
             break;
         }
+        // Writers waiting to be tried again (asked as some identity's only writer) go in a
+        // pass of their own, their held failures answering: the others are given what they
+        // leave in the next, so no writer asks with one document and then another every round.
+        let waiting = assigned
+            .keys()
+            .filter(|t| sync.failing(t).is_some())
+            .count();
+        let mut deferred = Vec::new();
         let mut asked = Vec::new();
         for (target, identities) in assigned {
+            if waiting > 0 && sync.failing(target).is_none() {
+                deferred.extend(identities);
+                continue;
+            }
             carries.entry(target).or_default().extend(identities);
             asked.push(target);
         }
@@ -2973,7 +2985,7 @@ async fn sync_tunnels(
                 failed.insert(target, reason.clone());
             }
         }
-        unwritten = Vec::new();
+        unwritten = deferred;
         for (target, result) in results {
             match result {
                 Ok(synced) => {
