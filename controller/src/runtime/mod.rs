@@ -2949,16 +2949,17 @@ async fn sync_tunnels(
             break;
         }
         // Writers waiting to be tried again (asked as some identity's only writer) go in a
-        // pass of their own, their held failures answering: the others are given what they
-        // leave in the next, so no writer asks with one document and then another every round.
-        let waiting = assigned
+        // pass of their own, their held failures answering: the others of their tunnel are
+        // given what they leave in the next, so no writer asks with one document and then another every round.
+        let waiting: BTreeSet<uuid::Uuid> = assigned
             .keys()
             .filter(|t| sync.failing(t).is_some())
-            .count();
+            .map(|t| t.tunnel)
+            .collect();
         let mut deferred = Vec::new();
         let mut asked = Vec::new();
         for (target, identities) in assigned {
-            if waiting > 0 && sync.failing(target).is_none() {
+            if waiting.contains(&target.tunnel) && sync.failing(target).is_none() {
                 deferred.extend(identities);
                 continue;
             }
