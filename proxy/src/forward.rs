@@ -354,14 +354,14 @@ impl Upstream {
             return fut.await.map(|resp| (resp, None));
         };
         if let Some(mut sent) = body_sent {
-            let start = deadline;
+            let by = deadline;
             tokio::select! {
                 res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
                 // `Err`: the backend's connection took part of the body and then nothing for
                 // the timeout (waiting for the rest would hold the request, its client and the
                 // connection for as long as the client keeps its upload open), or the try had
                 // no connection to send it on by its deadline.
-                sent = sent.closed_within(|| Some(timeout), move || Some(start)) => match sent {
+                sent = sent.closed_within(|| Some(timeout), move || Some(by)) => match sent {
                     Ok(()) => deadline = Instant::now() + timeout,
                     Err(_) if wait.is_waiting() => return Err(ForwardError::Saturated),
                     Err(_) => return Err(ForwardError::Timeout),
