@@ -3158,10 +3158,7 @@ async fn one_gateways_refused_api_token_keeps_its_tunnels_document_from_no_other
         })
         .await;
         t.rounds(3, Duration::from_millis(300)).await;
-        const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
-        for route in ["shop", "intranet"] {
-            assert_eq!(route_condition(&t.api, "tenant-a", route, WRITTEN), None, "{route}");
-        }
+        none_told_unwritten(&t.api, &["shop", "intranet"]);
         t.stop().await;
     })
     .await
@@ -3193,14 +3190,7 @@ async fn a_refused_api_token_a_rotated_secret_shares_fails_only_the_gateway_with
         .await;
         told_authentication_failed(&t.api, "thirdroute").await;
         stays_written(&t, &cloudflare).await;
-        const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
-        for route in ["shop", "intranet"] {
-            assert_eq!(
-                route_condition(&t.api, "tenant-a", route, WRITTEN),
-                None,
-                "{route}"
-            );
-        }
+        none_told_unwritten(&t.api, &["shop", "intranet"]);
         t.stop().await;
     })
     .await
@@ -3245,6 +3235,18 @@ async fn a_refused_token_in_its_wait_does_not_split_another_tokens_document() {
     })
     .await
     .expect("in time");
+}
+
+/// Asserts that none of tenant-a's routes `routes` says its tunnel's document was not written.
+fn none_told_unwritten(api: &ApiServer, routes: &[&str]) {
+    const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
+    for route in routes {
+        assert_eq!(
+            route_condition(api, "tenant-a", route, WRITTEN),
+            None,
+            "{route}"
+        );
+    }
 }
 
 /// Over rounds after the document settled, within the first wait of any token that failed:
@@ -3313,14 +3315,7 @@ async fn three_gateways_on_a_rotated_tunnel(accepted: &[&str]) {
             cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
             Some(want)
         );
-        const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
-        for route in ["shop", "intranet", "thirdroute"] {
-            assert_eq!(
-                route_condition(&t.api, "tenant-a", route, WRITTEN),
-                None,
-                "{route}"
-            );
-        }
+        none_told_unwritten(&t.api, &["shop", "intranet", "thirdroute"]);
         t.stop().await;
     })
     .await
